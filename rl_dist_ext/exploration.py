@@ -1,0 +1,32 @@
+"""Ape-X per-actor exploration (Horgan et al. 2018, arXiv:1803.00933, section 4.1).
+
+Actor ``i`` of ``N`` acts epsilon-greedily with ``eps_i = base ** (1 + i / (N - 1) * alpha)``;
+with ``N = 1`` the single actor uses ``base``.
+"""
+
+from __future__ import annotations
+
+import numbers
+
+import numpy as np
+
+
+def apex_epsilons(num_actors: int, base: float = 0.4, alpha: float = 7.0) -> np.ndarray:
+    """The ``[num_actors]`` float64 epsilon ladder, ``base`` down to ``base ** (1 + alpha)``.
+
+    Raises:
+        ValueError: ``num_actors`` is not an int >= 1, ``base`` is outside ``[0, 1]`` or
+            ``alpha`` is negative.
+    """
+    if isinstance(num_actors, bool) or not isinstance(num_actors, numbers.Integral):
+        raise ValueError(f"num_actors must be an int >= 1, got {num_actors!r}")
+    if num_actors < 1:
+        raise ValueError(f"num_actors must be an int >= 1, got {num_actors!r}")
+    if not 0.0 <= base <= 1.0:
+        raise ValueError(f"base must be in [0, 1], got {base!r}")
+    if not alpha >= 0.0:
+        raise ValueError(f"alpha must be >= 0, got {alpha!r}")
+    if num_actors == 1:
+        return np.array([base], dtype=np.float64)
+    exponents = 1.0 + np.arange(num_actors, dtype=np.float64) / (num_actors - 1) * alpha
+    return np.power(base, exponents)

@@ -1,0 +1,284 @@
+"""One prioritized replay shard: columnar storage + a sum/min tree sampler (Schaul et al. 2016).
+
+Keys: every inserted row gets its global insertion id (``0, 1, 2, ...``) as its key. The row lives
+in slot ``key % capacity`` until it is overwritten, so a key identifies (slot, generation): a
+priority update whose key no longer matches the slot's occupant is stale; it is dropped and counted,
+never applied to the newer item.
+
+Priorities given to :meth:`PrioritizedReplay.add` and :meth:`PrioritizedReplay.update_priorities`
+are raw magnitudes (typically ``|TD error|``); the shard stores ``(p + eps) ** alpha``.
+"""
+
+from __future__ import annotations
+
+import numbers
+from collections.abc import Mapping
+from typing import Any, NamedTuple
+
+import numba
+import numpy as np
+
+from rl_dist_ext.ops.priorities import td_priorities, validate_alpha_eps
+from rl_dist_ext.replay.storage import ColumnarStorage
+from rl_dist_ext.replay.sum_tree import SumTree
+
+STATE_FORMAT = 1
+
+
+class ReplaySample(NamedTuple):
+    """What :meth:`PrioritizedReplay.sample` returns."""
+
+    batch: dict[str, np.ndarray]  # column -> [B, ...]
+    keys: np.ndarray  # [B] int64, pass back to update_priorities
+    weights: np.ndarray  # [B] float32 importance weights, max possible weight = 1
+
+
+class SampledItems(NamedTuple):
+    """Lower-level draw for callers that normalise weights across shards."""
+
+    keys: np.ndarray  # [B] int64
+    priorities: np.ndarray  # [B] float64, stored (exponentiated) priorities p_i
+    batch: dict[str, np.ndarray]  # column -> [B, ...]
+
+
+class PrioritizedReplay:
+    """A fixed-capacity, FIFO, proportionally prioritized replay for any transition schema.
+
+    Args:
+        capacity: maximum number of rows; the oldest are overwritten first.
+        alpha: prioritization exponent (``0`` = uniform replay).
+        eps: added to raw priorities so none is zero.
+        seed: seed of the sampler's random generator.
+    """
+
+    def __init__(
+        self,
+        capacity: int,
+        *,
+        alpha: float = 0.6,
+        eps: float = 1e-6,
+        seed: int | None = None,
+    ) -> None:
+        if isinstance(capacity, bool) or not isinstance(capacity, numbers.Integral):
+            raise ValueError(f"capacity must be an int >= 1, got {capacity!r}")
+        if capacity < 1:
+            raise ValueError(f"capacity must be an int >= 1, got {capacity!r}")
+        validate_alpha_eps(alpha, eps)
+        self._capacity = int(capacity)
+        self._alpha = float(alpha)
+        self._eps = float(eps)
+        self._storage = ColumnarStorage(self._capacity)
+        self._tree = SumTree(self._capacity)
+        self._rng = np.random.default_rng(seed)
+        self._max_priority = 1.0
+        self._stale_updates = 0
+
+    # ---- properties ---------------------------------------------------------------------------
+    @property
+    def capacity(self) -> int:
+        return self._capacity
+
+    @property
+    def alpha(self) -> float:
+        return self._alpha
+
+    @property
+    def num_inserted(self) -> int:
+        """Rows added since creation, including those since overwritten."""
+        return self._storage.num_inserted
+
+    @property
+    def stale_updates(self) -> int:
+        """Priority updates dropped because their row had been overwritten."""
+        return self._stale_updates
+
+    @property
+    def total_priority(self) -> float:
+        """Sum of stored priorities ``sum_i p_i``."""
+        return self._tree.total
+
+    @property
+    def min_priority(self) -> float:
+        """Smallest stored priority (``inf`` when empty)."""
+        return self._tree.min
+
+    @property
+    def max_priority(self) -> float:
+        """Largest raw priority seen; new rows without a priority get it."""
+        return self._max_priority
+
+    def __len__(self) -> int:
+        return len(self._storage)
+
+    # ---- insert / sample / update -------------------------------------------------------------
+    def add(
+        self, batch: Mapping[str, np.ndarray], priorities: np.ndarray | None = None
+    ) -> np.ndarray:
+        """Insert ``B`` rows; return their ``[B]`` int64 keys.
+
+        Args:
+            batch: column name -> ``[B, ...]`` array; the first call fixes the schema.
+            priorities: ``[B]`` raw non-negative priorities (e.g. ``|TD error|``), or ``None``
+                for the largest priority seen so far.
+        """
+        arrays, rows = self._storage.validate(batch)
+        if priorities is None:
+            raw = np.full(rows, self._max_priority, dtype=np.float64)
+        else:
+            raw = self._check_priorities(priorities, rows)
+        kept = slice(max(0, rows - self._capacity), rows)
+        raw = raw[kept]
+        stored = td_priorities(raw, alpha=self._alpha, eps=self._eps)
+        if not np.isfinite(stored).all():
+            raise ValueError(
+                f"priorities overflow: (p + eps) ** alpha is not finite for alpha={self._alpha}"
+            )
+        slots = self._storage.write(arrays, rows)
+        self._tree.update(slots[kept], stored)
+        if raw.size:
+            self._max_priority = max(self._max_priority, float(raw.max()))
+        return np.arange(self.num_inserted - rows, self.num_inserted, dtype=np.int64)
+
+    def sample(self, batch_size: int, *, beta: float = 0.4) -> ReplaySample:
+        """Draw ``batch_size`` rows with probability ``p_i / sum_k p_k`` (stratified, replacing).
+
+        Returns:
+            :class:`ReplaySample` ``(batch, keys, weights)``; weights are ``(N P(i)) ** -beta``
+            divided by the largest possible weight in the shard, ``(N P_min) ** -beta``.
+        """
+        if not 0.0 <= beta <= 1.0:
+            raise ValueError(f"beta must be in [0, 1], got {beta!r}")
+        items = self.sample_items(batch_size)
+        # importance_weights() with min_priority: (N p_i / total) ** -beta over
+        # (N p_min / total) ** -beta, i.e. (p_i / p_min) ** -beta; N and total cancel.
+        weights = np.power(items.priorities * (1.0 / self._tree.min), -beta, dtype=np.float32)
+        return ReplaySample(items.batch, items.keys, weights)
+
+    def sample_items(self, batch_size: int) -> SampledItems:
+        """Draw rows as :meth:`sample` does, returning stored priorities instead of weights."""
+        if type(batch_size) is not int and (
+            isinstance(batch_size, bool) or not isinstance(batch_size, numbers.Integral)
+        ):
+            raise ValueError(f"batch_size must be an int >= 1, got {batch_size!r}")
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be an int >= 1, got {batch_size!r}")
+        if self._storage.num_inserted == 0:
+            raise ValueError("cannot sample from an empty replay; add() transitions first")
+        slots, priorities = self._tree.sample_stratified(self._rng.random(batch_size))
+        keys = self._storage.insert_ids[slots]
+        return SampledItems(keys, priorities, self._storage.gather(slots))
+
+    def update_priorities(self, keys: np.ndarray, priorities: np.ndarray) -> int:
+        """Set new raw priorities for sampled rows; return how many were stale and dropped.
+
+        Args:
+            keys: ``[B]`` int64 keys from :meth:`sample`.
+            priorities: ``[B]`` raw non-negative priorities (e.g. ``|TD error|``).
+        """
+        keys = np.asarray(keys)
+        if keys.size == 0 and keys.ndim == 1:
+            keys = keys.astype(np.int64)
+        if keys.ndim != 1 or keys.dtype.kind not in "iu":
+            raise ValueError(f"keys must be a [B] integer array, got {keys.dtype} {keys.shape}")
+        raw = np.asarray(priorities, dtype=np.float64)
+        if raw.shape != keys.shape:
+            raise ValueError(f"priorities must have shape {keys.shape} like keys, got {raw.shape}")
+        slots = np.empty(keys.shape[0], dtype=np.int64)
+        values = np.empty(keys.shape[0], dtype=np.float64)
+        live, max_raw, bad = _live_updates(
+            keys.astype(np.int64, copy=False),
+            raw,
+            self._storage.insert_ids,
+            self.num_inserted,
+            self._alpha,
+            self._eps,
+            slots,
+            values,
+        )
+        if bad >= 0:
+            raise ValueError(
+                f"update_priorities rejected item {bad}: key {keys[bad]} must be in "
+                f"[0, {self.num_inserted}) (a key this replay handed out) and priority "
+                f"{raw[bad]} must be finite and >= 0 with (p + eps) ** alpha finite"
+            )
+        self._tree.update(slots[:live], values[:live], validate=False)
+        self._max_priority = max(self._max_priority, max_raw)
+        stale = keys.shape[0] - live
+        self._stale_updates += stale
+        return stale
+
+    # ---- checkpointing ------------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        """Everything needed to continue exactly: rows, keys, priorities, counters, RNG state."""
+        size = len(self)
+        return {
+            "format": STATE_FORMAT,
+            "capacity": self._capacity,
+            "alpha": self._alpha,
+            "eps": self._eps,
+            "storage": self._storage.state_dict(),
+            "priorities": self._tree.leaves()[:size],
+            "max_priority": self._max_priority,
+            "stale_updates": self._stale_updates,
+            "rng": self._rng.bit_generator.state,
+        }
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Restore from :meth:`state_dict`; capacity and alpha must match this replay's."""
+        if state.get("format") != STATE_FORMAT:
+            raise ValueError(f"unknown replay state format {state.get('format')!r}")
+        for name, mine in (
+            ("capacity", self._capacity),
+            ("alpha", self._alpha),
+            ("eps", self._eps),
+        ):
+            if state[name] != mine:
+                raise ValueError(
+                    f"state was saved with {name}={state[name]!r}, this replay has {name}={mine!r}"
+                )
+        self._storage.load_state_dict(state["storage"])
+        leaves = np.zeros(self._capacity, dtype=np.float64)
+        priorities = np.asarray(state["priorities"], dtype=np.float64)
+        leaves[: priorities.shape[0]] = priorities
+        self._tree.load_state_dict({"leaves": leaves})
+        self._max_priority = float(state["max_priority"])
+        self._stale_updates = int(state["stale_updates"])
+        self._rng.bit_generator.state = state["rng"]
+
+    @staticmethod
+    def _check_priorities(priorities: np.ndarray, rows: int) -> np.ndarray:
+        raw = np.asarray(priorities, dtype=np.float64)
+        if raw.shape != (rows,):
+            raise ValueError(f"priorities must have shape ({rows},), got {raw.shape}")
+        if rows and not (np.isfinite(raw).all() and raw.min() >= 0.0):
+            raise ValueError("priorities must be finite and >= 0")
+        return raw
+
+
+@numba.njit(cache=True, nogil=True)
+def _live_updates(
+    keys, raw, insert_ids, num_inserted, alpha, eps, slots, values
+):  # pragma: no cover
+    """Validate ``(keys, raw)``, drop stale keys, exponentiate; the fused hot path of an update.
+
+    Writes the live items' slots and ``(raw + eps) ** alpha`` to the front of ``slots``/``values``
+    and returns ``(num_live, max_raw, bad_position)`` (``bad_position = -1`` when all are valid).
+    """
+    capacity = insert_ids.shape[0]
+    live = 0
+    max_raw = 0.0
+    for i in range(keys.shape[0]):
+        key = keys[i]
+        p = raw[i]
+        if key < 0 or key >= num_inserted or not (p >= 0.0) or p == np.inf:
+            return 0, 0.0, i
+        value = (p + eps) ** alpha
+        if value == np.inf:
+            return 0, 0.0, i
+        slot = key % capacity
+        if insert_ids[slot] == key:
+            slots[live] = slot
+            values[live] = value
+            live += 1
+            max_raw = max(max_raw, p)
+    return live, max_raw, -1

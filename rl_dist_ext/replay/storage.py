@@ -1,0 +1,151 @@
+"""Pre-allocated columnar FIFO storage for transitions of any ``dict[str, np.ndarray]`` schema."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import NamedTuple
+
+import numpy as np
+
+
+class ColumnSpec(NamedTuple):
+    """Shape (without the leading batch dim) and dtype of one column."""
+
+    shape: tuple[int, ...]
+    dtype: np.dtype
+
+
+class ColumnarStorage:
+    """Ring buffer of ``capacity`` rows; one pre-allocated numpy array per column.
+
+    The schema (column names, per-row shapes, dtypes) is learned from the first :meth:`write` and
+    every later batch is validated against it. Each written row gets a global insertion id
+    (0, 1, 2, ...); row ``id`` lives in slot ``id % capacity`` until ``capacity`` more rows are
+    written, so ``insert_ids[slot] == id`` tells whether that row is still stored.
+    """
+
+    def __init__(self, capacity: int) -> None:
+        self._capacity = capacity
+        self._columns: dict[str, np.ndarray] = {}
+        self._insert_ids = np.full(capacity, -1, dtype=np.int64)
+        self._num_inserted = 0
+
+    @property
+    def capacity(self) -> int:
+        return self._capacity
+
+    @property
+    def num_inserted(self) -> int:
+        """Rows written since creation (never decreases)."""
+        return self._num_inserted
+
+    @property
+    def schema(self) -> dict[str, ColumnSpec]:
+        return {k: ColumnSpec(v.shape[1:], v.dtype) for k, v in self._columns.items()}
+
+    @property
+    def insert_ids(self) -> np.ndarray:
+        """``[capacity]`` int64 insertion id of the row in each slot (-1 = never written)."""
+        return self._insert_ids
+
+    def __len__(self) -> int:
+        return min(self._num_inserted, self._capacity)
+
+    def validate(self, batch: Mapping[str, np.ndarray]) -> tuple[dict[str, np.ndarray], int]:
+        """Check ``batch`` against the schema (or that it can found one); return arrays and rows."""
+        if not isinstance(batch, Mapping) or not batch:
+            raise TypeError(
+                f"batch must be a non-empty dict[str, np.ndarray], got {type(batch).__name__}"
+            )
+        arrays: dict[str, np.ndarray] = {}
+        rows = None
+        for name, value in batch.items():
+            if not isinstance(name, str):
+                raise TypeError(f"batch keys must be str, got {name!r}")
+            array = np.asarray(value)
+            if array.ndim < 1:
+                raise ValueError(f"batch[{name!r}] must have a leading batch dim, got a scalar")
+            if rows is None:
+                rows = array.shape[0]
+            elif array.shape[0] != rows:
+                raise ValueError(
+                    f"batch[{name!r}] has {array.shape[0]} rows but other columns have {rows}"
+                )
+            arrays[name] = array
+        if self._columns:
+            self._check_schema(arrays)
+        return arrays, int(rows)
+
+    def write(self, arrays: dict[str, np.ndarray], rows: int) -> np.ndarray:
+        """Write validated ``arrays`` (from :meth:`validate`); return ``[rows]`` int64 slots.
+
+        When ``rows > capacity`` only the newest ``capacity`` rows survive (FIFO).
+        """
+        if not self._columns:
+            self._allocate(arrays)
+        ids = np.arange(self._num_inserted, self._num_inserted + rows, dtype=np.int64)
+        slots = ids % self._capacity
+        keep = slice(max(0, rows - self._capacity), rows)
+        for name, column in self._columns.items():
+            column[slots[keep]] = arrays[name][keep]
+        self._insert_ids[slots[keep]] = ids[keep]
+        self._num_inserted += rows
+        return slots
+
+    def gather(self, slots: np.ndarray) -> dict[str, np.ndarray]:
+        """Rows at ``slots`` as a new ``dict[str, [B, ...]]``."""
+        return {name: column.take(slots, axis=0) for name, column in self._columns.items()}
+
+    def state_dict(self) -> dict:
+        size = len(self)
+        return {
+            "columns": {k: v[:size].copy() for k, v in self._columns.items()},
+            "insert_ids": self._insert_ids[:size].copy(),
+            "num_inserted": self._num_inserted,
+        }
+
+    def load_state_dict(self, state: Mapping) -> None:
+        size = min(int(state["num_inserted"]), self._capacity)
+        columns = state["columns"]
+        insert_ids = np.asarray(state["insert_ids"], dtype=np.int64)
+        if insert_ids.shape != (size,):
+            raise ValueError(
+                f"state insert_ids must have shape ({size},) for num_inserted="
+                f"{state['num_inserted']} and capacity {self._capacity}, got {insert_ids.shape}"
+            )
+        for name, column in columns.items():
+            if np.asarray(column).shape[:1] != (size,):
+                raise ValueError(f"state column {name!r} must have {size} rows")
+        self._columns = {}
+        self._insert_ids[:] = -1
+        if columns:
+            self._allocate(columns)
+            for name, column in columns.items():
+                self._columns[name][:size] = column
+        self._insert_ids[:size] = insert_ids
+        self._num_inserted = int(state["num_inserted"])
+
+    def _allocate(self, arrays: Mapping[str, np.ndarray]) -> None:
+        self._columns = {
+            name: np.zeros((self._capacity, *np.shape(a)[1:]), dtype=np.asarray(a).dtype)
+            for name, a in arrays.items()
+        }
+
+    def _check_schema(self, arrays: dict[str, np.ndarray]) -> None:
+        if arrays.keys() != self._columns.keys():
+            raise ValueError(
+                f"batch columns {sorted(arrays)} do not match the replay schema "
+                f"{sorted(self._columns)}"
+            )
+        for name, array in arrays.items():
+            column = self._columns[name]
+            if array.shape[1:] != column.shape[1:]:
+                raise ValueError(
+                    f"batch[{name!r}] rows have shape {array.shape[1:]}, the replay schema "
+                    f"expects {column.shape[1:]}"
+                )
+            if not np.can_cast(array.dtype, column.dtype, casting="same_kind"):
+                raise ValueError(
+                    f"batch[{name!r}] has dtype {array.dtype}, which cannot be stored as "
+                    f"{column.dtype} (the replay schema)"
+                )
