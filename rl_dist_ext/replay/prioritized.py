@@ -137,7 +137,8 @@ class PrioritizedReplay:
         self._tree.update(slots[kept], stored)
         if raw.size:
             self._max_priority = max(self._max_priority, float(raw.max()))
-        return np.arange(self.num_inserted - rows, self.num_inserted, dtype=np.int64)
+        next_id = self._storage.next_id
+        return np.arange(next_id - rows, next_id, dtype=np.int64)
 
     def sample(self, batch_size: int, *, beta: float = 0.4) -> ReplaySample:
         """Draw ``batch_size`` rows with probability ``p_i / sum_k p_k`` (stratified, replacing).
@@ -189,7 +190,7 @@ class PrioritizedReplay:
             keys.astype(np.int64, copy=False),
             raw,
             self._storage.insert_ids,
-            self.num_inserted,
+            self._storage.next_id,
             self._alpha,
             self._eps,
             slots,
@@ -198,7 +199,7 @@ class PrioritizedReplay:
         if bad >= 0:
             raise ValueError(
                 f"update_priorities rejected item {bad}: key {keys[bad]} must be in "
-                f"[0, {self.num_inserted}) (a key this replay handed out) and priority "
+                f"[0, {self._storage.next_id}) (a key this replay handed out) and priority "
                 f"{raw[bad]} must be finite and >= 0 with (p + eps) ** alpha finite"
             )
         self._tree.update(slots[:live], values[:live], validate=False)
@@ -206,6 +207,17 @@ class PrioritizedReplay:
         stale = keys.shape[0] - live
         self._stale_updates += stale
         return stale
+
+    def invalidate_outstanding_keys(self, rng: np.random.Generator | None = None) -> None:
+        """Make keys handed out by a lost copy of this replay unusable on this one.
+
+        After restoring a snapshot, keys of rows added after the snapshot (by the copy that died)
+        would otherwise be handed out again for different rows. This moves future keys a random
+        ``[2**10, 2**20)`` multiples of ``capacity`` further on, so stale updates for those keys
+        find no match and are dropped; keys of the restored rows stay valid.
+        """
+        rng = rng if rng is not None else np.random.default_rng()
+        self._storage.skip_ids(int(rng.integers(2**10, 2**20)))
 
     # ---- checkpointing ------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
@@ -256,9 +268,7 @@ class PrioritizedReplay:
 
 
 @numba.njit(cache=True, nogil=True)
-def _live_updates(
-    keys, raw, insert_ids, num_inserted, alpha, eps, slots, values
-):  # pragma: no cover
+def _live_updates(keys, raw, insert_ids, next_id, alpha, eps, slots, values):  # pragma: no cover
     """Validate ``(keys, raw)``, drop stale keys, exponentiate; the fused hot path of an update.
 
     Writes the live items' slots and ``(raw + eps) ** alpha`` to the front of ``slots``/``values``
@@ -270,7 +280,7 @@ def _live_updates(
     for i in range(keys.shape[0]):
         key = keys[i]
         p = raw[i]
-        if key < 0 or key >= num_inserted or not (p >= 0.0) or p == np.inf:
+        if key < 0 or key >= next_id or not (p >= 0.0) or p == np.inf:
             return 0, 0.0, i
         value = (p + eps) ** alpha
         if value == np.inf:

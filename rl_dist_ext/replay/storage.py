@@ -19,9 +19,10 @@ class ColumnarStorage:
     """Ring buffer of ``capacity`` rows; one pre-allocated numpy array per column.
 
     The schema (column names, per-row shapes, dtypes) is learned from the first :meth:`write` and
-    every later batch is validated against it. Each written row gets a global insertion id
-    (0, 1, 2, ...); row ``id`` lives in slot ``id % capacity`` until ``capacity`` more rows are
-    written, so ``insert_ids[slot] == id`` tells whether that row is still stored.
+    every later batch is validated against it. Row number ``i`` (0, 1, 2, ... in insertion order)
+    lives in slot ``i % capacity`` and gets the id ``key_base + i``; ``key_base`` is a multiple of
+    ``capacity`` (0 unless :meth:`skip_ids` moved it), so ``id % capacity`` is always the slot and
+    ``insert_ids[id % capacity] == id`` tells whether that row is still stored.
     """
 
     def __init__(self, capacity: int) -> None:
@@ -29,6 +30,7 @@ class ColumnarStorage:
         self._columns: dict[str, np.ndarray] = {}
         self._insert_ids = np.full(capacity, -1, dtype=np.int64)
         self._num_inserted = 0
+        self._key_base = 0
 
     @property
     def capacity(self) -> int:
@@ -38,6 +40,17 @@ class ColumnarStorage:
     def num_inserted(self) -> int:
         """Rows written since creation (never decreases)."""
         return self._num_inserted
+
+    @property
+    def next_id(self) -> int:
+        """The id the next written row gets; every id handed out so far is below it."""
+        return self._key_base + self._num_inserted
+
+    def skip_ids(self, multiples: int) -> None:
+        """Move future ids ``multiples * capacity`` further on (slots keep their FIFO order)."""
+        if multiples < 1:
+            raise ValueError(f"multiples must be >= 1, got {multiples!r}")
+        self._key_base += multiples * self._capacity
 
     @property
     def schema(self) -> dict[str, ColumnSpec]:
@@ -83,7 +96,7 @@ class ColumnarStorage:
         """
         if not self._columns:
             self._allocate(arrays)
-        ids = np.arange(self._num_inserted, self._num_inserted + rows, dtype=np.int64)
+        ids = np.arange(self.next_id, self.next_id + rows, dtype=np.int64)
         slots = ids % self._capacity
         keep = slice(max(0, rows - self._capacity), rows)
         for name, column in self._columns.items():
@@ -102,6 +115,7 @@ class ColumnarStorage:
             "columns": {k: v[:size].copy() for k, v in self._columns.items()},
             "insert_ids": self._insert_ids[:size].copy(),
             "num_inserted": self._num_inserted,
+            "key_base": self._key_base,
         }
 
     def load_state_dict(self, state: Mapping) -> None:
@@ -124,6 +138,7 @@ class ColumnarStorage:
                 self._columns[name][:size] = column
         self._insert_ids[:size] = insert_ids
         self._num_inserted = int(state["num_inserted"])
+        self._key_base = int(state["key_base"])
 
     def _allocate(self, arrays: Mapping[str, np.ndarray]) -> None:
         self._columns = {

@@ -1,0 +1,42 @@
+"""The one place where ``ray.remote`` is applied to rl-dist-ext's plain classes."""
+
+from __future__ import annotations
+
+import warnings
+from typing import Any
+
+import ray
+from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+from rl_dist_ext.replay.shard import ReplayShardServer, ShardSpec
+
+
+class _RestartAwareReplayShard(ReplayShardServer):
+    """Restores the shard's snapshot only when Ray restarts the actor, not on a fresh start."""
+
+    def __init__(self, spec: ShardSpec) -> None:
+        with warnings.catch_warnings():  # Ray's own property warns about a deprecated field
+            warnings.simplefilter("ignore", DeprecationWarning)
+            restarted = ray.get_runtime_context().was_current_actor_reconstructed
+        super().__init__(spec, restore_snapshot=restarted)
+
+
+# Restarted without limit by Ray when its process dies; calls in flight then fail (no retries)
+# and the client routes around the shard until it is back, with its latest snapshot restored.
+RemoteReplayShard = ray.remote(max_restarts=-1, max_task_retries=0)(_RestartAwareReplayShard)
+
+
+def start_replay_shard(
+    spec: ShardSpec,
+    *,
+    num_cpus: float,
+    placement_group: Any = None,
+    bundle_index: int = -1,
+) -> ray.actor.ActorHandle:
+    """Start one replay shard actor, in ``placement_group`` (bundle ``bundle_index``) if given."""
+    options: dict[str, Any] = {"num_cpus": num_cpus}
+    if placement_group is not None:
+        options["scheduling_strategy"] = PlacementGroupSchedulingStrategy(
+            placement_group=placement_group, placement_group_bundle_index=bundle_index
+        )
+    return RemoteReplayShard.options(**options).remote(spec)

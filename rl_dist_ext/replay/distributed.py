@@ -1,0 +1,615 @@
+"""Distributed prioritized replay (Ape-X, Horgan et al. 2018): N shard actors, a picklable client.
+
+``DistributedReplay`` starts ``num_shards`` Ray actors, each a :class:`ReplayShardServer` around
+one :class:`PrioritizedReplay`, and talks to them. The client holds only actor handles and its
+config, so it pickles: actors and learners each get their own copy.
+
+- ``add`` routes a batch to the next live shard (round-robin from a random start per client)
+  without waiting; at most ``max_in_flight_adds`` adds per client are in flight (back-pressure).
+  A batch whose shard died is sent to another shard, not dropped.
+- ``sample`` takes each batch from one shard chosen with probability proportional to the
+  shard's total priority, so an item's probability is ``p_i / sum over all shards``;
+  importance weights ``(N P(i)) ** -beta`` use the size and minimum priority across shards.
+  ``prefetch`` requests stay in flight so the learner rarely waits on a round trip. The shard
+  totals used to pick come from the latest replies (at most a few batches old).
+- ``update_priorities`` splits keys by shard and sends them without waiting; keys of rows
+  overwritten meanwhile are dropped by the shard and counted.
+- Rate limiting (Reverb semantics, per shard; see ``rate_limiter``) happens inside the shards:
+  too far ahead, a sample or insert waits there, up to ``timeout_s``, then fails with
+  :class:`RateLimitTimeout`.
+- A shard whose actor dies is restarted by Ray and reloads its latest snapshot (when
+  ``snapshot_dir`` is set). Meanwhile the client samples from the others and inserts elsewhere;
+  rows lost (inserted after the snapshot) are counted in ``stats()``.
+
+Global keys are ``shard_key * num_shards + shard_index``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import numbers
+import time
+from collections import deque
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import numpy as np
+
+from rl_dist_ext.ops.priorities import importance_weights, validate_alpha_eps
+from rl_dist_ext.replay import snapshot
+from rl_dist_ext.replay.prioritized import ReplaySample
+from rl_dist_ext.replay.rate_limiter import RateLimit
+from rl_dist_ext.replay.shard import RateLimitTimeout, ShardSpec, ShardStatus
+
+log = logging.getLogger(__name__)
+
+__all__ = [
+    "DistributedReplay",
+    "DistributedReplayConfig",
+    "RateLimitTimeout",
+    "ReplayTimeout",
+    "ReplayUnavailable",
+]
+
+
+class ReplayTimeout(TimeoutError):
+    """A replay request got no answer within ``timeout_s``."""
+
+
+class ReplayUnavailable(RuntimeError):
+    """No replay shard is alive to serve a request."""
+
+
+def _int_at_least(name: str, value: Any, low: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < low:
+        raise ValueError(f"{name} must be an int >= {low}, got {value!r}")
+
+
+def _positive_or_none(name: str, value: Any) -> None:
+    if value is not None and not (isinstance(value, numbers.Real) and value > 0):
+        raise ValueError(f"{name} must be > 0 or None, got {value!r}")
+
+
+@dataclass(frozen=True, kw_only=True)
+class DistributedReplayConfig:
+    """Settings of a :class:`DistributedReplay`, validated when built (before any actor starts).
+
+    ``capacity`` and ``min_size_to_sample`` are totals over all shards (split evenly);
+    ``samples_per_insert`` and ``error_buffer`` apply to each shard's own inserts and samples.
+    """
+
+    num_shards: int = 2
+    capacity: int = 100_000
+    alpha: float = 0.6
+    eps: float = 1e-6
+    min_size_to_sample: int = 1_000
+    samples_per_insert: float | None = None
+    error_buffer: float | None = None
+    prefetch: int = 2
+    max_in_flight_adds: int = 4
+    num_cpus_per_shard: float = 0.25
+    placement_group: Any = None
+    bundle_indices: tuple[int, ...] | None = None
+    snapshot_dir: str | None = None
+    snapshot_every_inserts: int | None = None
+    snapshot_every_s: float | None = None
+    timeout_s: float = 60.0
+    start_timeout_s: float = 120.0
+    retry_down_shard_after_s: float = 1.0
+    seed: int | None = None
+
+    def __post_init__(self) -> None:
+        _int_at_least("num_shards", self.num_shards, 1)
+        _int_at_least("capacity", self.capacity, self.num_shards)
+        validate_alpha_eps(self.alpha, self.eps)
+        _int_at_least("min_size_to_sample", self.min_size_to_sample, 1)
+        if self.min_size_to_sample > self.capacity:
+            raise ValueError(
+                f"min_size_to_sample ({self.min_size_to_sample}) must be <= capacity "
+                f"({self.capacity}), or sampling could never start"
+            )
+        _int_at_least("prefetch", self.prefetch, 1)
+        _int_at_least("max_in_flight_adds", self.max_in_flight_adds, 1)
+        if not (isinstance(self.num_cpus_per_shard, numbers.Real) and self.num_cpus_per_shard >= 0):
+            raise ValueError(f"num_cpus_per_shard must be >= 0, got {self.num_cpus_per_shard!r}")
+        if self.bundle_indices is not None:
+            if self.placement_group is None:
+                raise ValueError("bundle_indices needs placement_group to be set")
+            if len(self.bundle_indices) != self.num_shards:
+                raise ValueError(
+                    f"bundle_indices must have one entry per shard ({self.num_shards}), "
+                    f"got {self.bundle_indices!r}"
+                )
+        if self.snapshot_every_inserts is not None:
+            _int_at_least("snapshot_every_inserts", self.snapshot_every_inserts, 1)
+        _positive_or_none("snapshot_every_s", self.snapshot_every_s)
+        if self.snapshot_dir is None and (
+            self.snapshot_every_inserts is not None or self.snapshot_every_s is not None
+        ):
+            raise ValueError("snapshot_every_inserts/snapshot_every_s need snapshot_dir to be set")
+        _positive_or_none("timeout_s", self.timeout_s)
+        if self.timeout_s is None:
+            raise ValueError("timeout_s must be > 0 (no request may wait forever)")
+        _positive_or_none("start_timeout_s", self.start_timeout_s)
+        _positive_or_none("retry_down_shard_after_s", self.retry_down_shard_after_s)
+        if self.seed is not None:
+            _int_at_least("seed", self.seed, 0)
+        self.rate_limit()  # validates samples_per_insert / error_buffer
+
+    @property
+    def capacity_per_shard(self) -> int:
+        return math.ceil(self.capacity / self.num_shards)
+
+    def rate_limit(self) -> RateLimit:
+        return RateLimit(
+            min_size_to_sample=math.ceil(self.min_size_to_sample / self.num_shards),
+            samples_per_insert=self.samples_per_insert,
+            error_buffer=self.error_buffer,
+        )
+
+    def shard_specs(self) -> list[ShardSpec]:
+        return [
+            ShardSpec(
+                shard_index=i,
+                capacity=self.capacity_per_shard,
+                alpha=self.alpha,
+                eps=self.eps,
+                seed=None if self.seed is None else self.seed + i,
+                rate_limit=self.rate_limit(),
+                snapshot_uri=(
+                    None
+                    if self.snapshot_dir is None
+                    else snapshot.join(self.snapshot_dir, f"shard_{i}.pkl")
+                ),
+                snapshot_every_inserts=self.snapshot_every_inserts,
+                snapshot_every_s=self.snapshot_every_s,
+                timeout_s=self.timeout_s,
+            )
+            for i in range(self.num_shards)
+        ]
+
+
+@dataclass
+class _ShardView:
+    """What one client knows about one shard."""
+
+    status: ShardStatus | None = None
+    down_until: float = 0.0
+    max_num_inserted_seen: int = 0
+
+
+@dataclass
+class _Counters:
+    sample_wait_s: float = 0.0
+    first_sample_time: float | None = None
+    items_lost: int = 0
+    shard_failures: int = 0
+    priority_updates_lost: int = 0
+    adds_rerouted: int = 0
+    last_stats_time: float | None = None
+    last_totals: tuple[int, int] = (0, 0)
+
+
+class DistributedReplay:
+    """Client of ``num_shards`` replay shard actors; see the module docstring.
+
+    Args:
+        config: a :class:`DistributedReplayConfig`. Starting requires Ray (``ray.init()`` is
+            called if it was not).
+    """
+
+    def __init__(self, config: DistributedReplayConfig) -> None:
+        if not isinstance(config, DistributedReplayConfig):
+            raise TypeError(
+                f"config must be a DistributedReplayConfig, got {type(config).__name__}"
+            )
+        import ray
+
+        from rl_dist_ext.ray_actors import start_replay_shard
+
+        if not ray.is_initialized():
+            ray.init()
+        if config.placement_group is None:
+            available = ray.cluster_resources().get("CPU", 0.0)
+            wanted = config.num_shards * config.num_cpus_per_shard
+            if wanted > available:
+                raise ValueError(
+                    f"num_shards={config.num_shards} x num_cpus_per_shard="
+                    f"{config.num_cpus_per_shard} asks for {wanted} CPUs but the Ray cluster has "
+                    f"{available}; lower num_cpus_per_shard (shards mostly wait) or num_shards"
+                )
+        handles = [
+            start_replay_shard(
+                spec,
+                num_cpus=config.num_cpus_per_shard,
+                placement_group=config.placement_group,
+                bundle_index=-1 if config.bundle_indices is None else config.bundle_indices[i],
+            )
+            for i, spec in enumerate(config.shard_specs())
+        ]
+        self._setup(config, handles)
+        self.refresh(timeout_s=config.start_timeout_s)
+
+    # ---- pickling: handles and config only ----------------------------------------------------
+    def __reduce__(self):
+        return (_rebuild, (self._config, self._handles))
+
+    def _setup(self, config: DistributedReplayConfig, handles: list) -> None:
+        self._config = config
+        self._handles = handles
+        self._views = [_ShardView() for _ in handles]
+        self._rng = np.random.default_rng(config.seed)
+        self._next_insert = int(self._rng.integers(len(handles)))
+        self._adds: deque = deque()  # (ref, shard, batch, priorities, rows)
+        self._samples: deque = deque()  # (ref, shard, batch_size)
+        self._updates: deque = deque()  # (ref, shard, count)
+        self._counters = _Counters()
+
+    @property
+    def _reply_timeout_s(self) -> float:
+        # Longer than a shard's own rate-limiter wait, so its RateLimitTimeout arrives first.
+        return self._config.timeout_s + max(5.0, 0.5 * self._config.timeout_s)
+
+    @property
+    def config(self) -> DistributedReplayConfig:
+        return self._config
+
+    @property
+    def num_shards(self) -> int:
+        return len(self._handles)
+
+    @property
+    def handles(self) -> list:
+        return list(self._handles)
+
+    def __len__(self) -> int:
+        """Rows stored over all shards, as of the latest replies."""
+        return sum(v.status.size for v in self._views if v.status is not None)
+
+    # ---- insert -------------------------------------------------------------------------------
+    def add(self, batch: Mapping[str, np.ndarray], priorities: np.ndarray | None = None) -> None:
+        """Send ``B`` rows to one shard without waiting for it (unless too many are in flight).
+
+        Args:
+            batch: column -> ``[B, ...]`` array (the same schema on every call).
+            priorities: ``[B]`` raw priorities (e.g. actor-computed ``|TD error|``) or ``None``.
+        """
+        if not isinstance(batch, Mapping) or not batch:
+            raise TypeError(
+                f"batch must be a non-empty dict[str, np.ndarray], got {type(batch).__name__}"
+            )
+        rows = len(next(iter(batch.values())))
+        if priorities is not None:
+            priorities = np.asarray(priorities, dtype=np.float64)
+            if priorities.shape != (rows,):
+                raise ValueError(f"priorities must have shape ({rows},), got {priorities.shape}")
+        self._reap_adds(block=False)
+        while len(self._adds) >= self._config.max_in_flight_adds:
+            self._reap_adds(block=True)
+        self._send_add(dict(batch), priorities, rows)
+
+    def flush(self) -> None:
+        """Wait until every add and priority update sent by this client has been applied."""
+        while self._adds:
+            self._reap_adds(block=True)
+        while self._updates:
+            self._reap_updates(block=True)
+
+    def _send_add(self, batch: dict, priorities: np.ndarray | None, rows: int) -> None:
+        shard = self._pick_insert_shard()
+        ref = self._handles[shard].add.remote(batch, priorities)
+        self._adds.append((ref, shard, batch, priorities, rows))
+
+    def _pick_insert_shard(self) -> int:
+        now = time.monotonic()
+        for _ in range(self.num_shards):
+            shard = self._next_insert
+            self._next_insert = (self._next_insert + 1) % self.num_shards
+            if self._views[shard].down_until <= now:
+                return shard
+        # Every shard failed recently: try the one that comes back soonest.
+        return min(range(self.num_shards), key=lambda i: self._views[i].down_until)
+
+    def _reap_adds(self, *, block: bool) -> None:
+        import ray
+
+        if not self._adds:
+            return
+        if block:
+            ready, _ = ray.wait([self._adds[0][0]], timeout=self._reply_timeout_s)
+            if not ready:
+                raise ReplayTimeout(
+                    f"an add to replay shard {self._adds[0][1]} got no answer in "
+                    f"{self._reply_timeout_s}s"
+                )
+        pending = deque()
+        for entry in self._adds:
+            ref, shard, batch, priorities, rows = entry
+            done, _ = ray.wait([ref], timeout=0)
+            if not done:
+                pending.append(entry)
+                continue
+            try:
+                self._observe(shard, ray.get(ref))
+            except RateLimitTimeout:
+                raise
+            except _actor_errors() as error:
+                self._mark_down(shard, error)
+                self._counters.adds_rerouted += 1
+                new_shard = self._pick_insert_shard()
+                pending.append(
+                    (
+                        self._handles[new_shard].add.remote(batch, priorities),
+                        new_shard,
+                        batch,
+                        priorities,
+                        rows,
+                    )
+                )
+        self._adds = pending
+
+    # ---- sample -------------------------------------------------------------------------------
+    def sample(self, batch_size: int, *, beta: float = 0.4) -> ReplaySample:
+        """A prioritized batch from one shard, with importance weights normalised over all shards.
+
+        Returns:
+            ``ReplaySample(batch, keys, weights)``: column -> ``[B, ...]``, ``[B]`` int64 global
+            keys for :meth:`update_priorities`, ``[B]`` float32 weights in ``(0, 1]``.
+        """
+        _int_at_least("batch_size", batch_size, 1)
+        if not 0.0 <= beta <= 1.0:
+            raise ValueError(f"beta must be in [0, 1], got {beta!r}")
+        import ray
+
+        self._samples = deque(s for s in self._samples if s[2] == batch_size)
+        deadline = time.monotonic() + self._reply_timeout_s
+        started = time.monotonic()
+        if self._counters.first_sample_time is None:
+            self._counters.first_sample_time = started
+        while True:
+            while len(self._samples) < self._config.prefetch:
+                self._request_sample(batch_size)
+            ref, shard, _ = self._samples.popleft()
+            try:
+                reply = ray.get(ref, timeout=max(0.0, deadline - time.monotonic()))
+            except RateLimitTimeout:
+                raise
+            except ray.exceptions.GetTimeoutError:
+                raise ReplayTimeout(
+                    f"sample from replay shard {shard} got no answer in {self._reply_timeout_s}s"
+                ) from None
+            except _actor_errors() as error:
+                self._mark_down(shard, error)
+                if time.monotonic() > deadline:
+                    raise ReplayUnavailable("no replay shard answered a sample in time") from error
+                continue
+            break
+        self._counters.sample_wait_s += time.monotonic() - started
+        self._request_sample(batch_size)
+        self._observe(shard, reply.status)
+        live = [v.status for v in self._views if v.status is not None and v.status.size > 0]
+        total = sum(s.total_priority for s in live)
+        size = sum(s.size for s in live)
+        min_priority = min(min(s.min_priority for s in live), float(reply.priorities.min()))
+        weights = importance_weights(
+            reply.priorities,
+            total_priority=total,
+            size=size,
+            beta=beta,
+            min_priority=min_priority,
+        )
+        keys = reply.keys * self.num_shards + shard
+        return ReplaySample(reply.batch, keys, weights)
+
+    def _request_sample(self, batch_size: int) -> None:
+        now = time.monotonic()
+        up = [i for i, v in enumerate(self._views) if v.down_until <= now]
+        if not up:
+            up = [min(range(self.num_shards), key=lambda i: self._views[i].down_until)]
+        mass = np.array(
+            [self._views[i].status.total_priority if self._views[i].status else 0.0 for i in up]
+        )
+        if mass.sum() > 0:
+            shard = up[int(self._rng.choice(len(up), p=mass / mass.sum()))]
+        else:  # nothing known yet: any live shard (its rate limiter waits for min size)
+            shard = up[int(self._rng.integers(len(up)))]
+        self._samples.append((self._handles[shard].sample.remote(batch_size), shard, batch_size))
+
+    # ---- priorities ---------------------------------------------------------------------------
+    def update_priorities(self, keys: np.ndarray, priorities: np.ndarray) -> None:
+        """Send new raw priorities for sampled ``keys``, split by shard, without waiting."""
+        keys = np.asarray(keys)
+        if keys.ndim != 1 or keys.dtype.kind not in "iu":
+            raise ValueError(f"keys must be a [B] integer array, got {keys.dtype} {keys.shape}")
+        priorities = np.asarray(priorities, dtype=np.float64)
+        if priorities.shape != keys.shape:
+            raise ValueError(
+                f"priorities must have shape {keys.shape} like keys, got {priorities.shape}"
+            )
+        if keys.size and (keys.min() < 0 or not np.isfinite(priorities).all()):
+            raise ValueError("keys must be >= 0 and priorities finite")
+        self._reap_updates(block=False)
+        shards = keys % self.num_shards
+        for shard in np.unique(shards):
+            mask = shards == shard
+            ref = self._handles[shard].update_priorities.remote(
+                keys[mask] // self.num_shards, priorities[mask]
+            )
+            self._updates.append((ref, int(shard), int(mask.sum())))
+        while len(self._updates) > 4 * self.num_shards:
+            self._reap_updates(block=True)
+
+    def _reap_updates(self, *, block: bool) -> None:
+        import ray
+
+        if not self._updates:
+            return
+        if block:
+            ready, _ = ray.wait([self._updates[0][0]], timeout=self._reply_timeout_s)
+            if not ready:
+                raise ReplayTimeout(
+                    f"a priority update to replay shard {self._updates[0][1]} got no answer "
+                    f"in {self._reply_timeout_s}s"
+                )
+        while self._updates:
+            ref, shard, count = self._updates[0]
+            done, _ = ray.wait([ref], timeout=0)
+            if not done:
+                break
+            self._updates.popleft()
+            try:
+                self._observe(shard, ray.get(ref))
+            except _actor_errors() as error:
+                self._mark_down(shard, error)
+                self._counters.priority_updates_lost += count
+
+    # ---- health and stats ---------------------------------------------------------------------
+    def refresh(self, *, timeout_s: float | None = None) -> list[ShardStatus | None]:
+        """Ask every shard for its status now (dead shards are marked down); return them."""
+        import ray
+
+        timeout_s = self._config.timeout_s if timeout_s is None else timeout_s
+        refs = [h.get_status.remote() for h in self._handles]
+        out: list[ShardStatus | None] = []
+        for shard, ref in enumerate(refs):
+            try:
+                status = ray.get(ref, timeout=timeout_s)
+            except ray.exceptions.GetTimeoutError:
+                raise ReplayTimeout(
+                    f"replay shard {shard} did not answer a status request in {timeout_s}s"
+                ) from None
+            except _actor_errors() as error:
+                self._mark_down(shard, error)
+                out.append(None)
+                continue
+            self._observe(shard, status)
+            out.append(status)
+        return out
+
+    def stats(self) -> dict[str, Any]:
+        """Sizes, rates, sampler waiting and failure counts, for metrics loggers."""
+        statuses = self.refresh()
+        alive = [s for s in statuses if s is not None]
+        now = time.monotonic()
+        inserted = sum(s.num_inserted for s in alive)
+        sampled = sum(s.num_sampled for s in alive)
+        c = self._counters
+        insert_rate = sample_rate = 0.0
+        if c.last_stats_time is not None and now > c.last_stats_time:
+            dt = now - c.last_stats_time
+            insert_rate = max(0, inserted - c.last_totals[0]) / dt
+            sample_rate = max(0, sampled - c.last_totals[1]) / dt
+        c.last_stats_time, c.last_totals = now, (inserted, sampled)
+        sampling_for = now - c.first_sample_time if c.first_sample_time is not None else 0.0
+        return {
+            "num_shards": self.num_shards,
+            "shards_alive": len(alive),
+            "size": sum(s.size for s in alive),
+            "size_per_shard": [s.size if s is not None else None for s in statuses],
+            "capacity": self._config.capacity,
+            "num_inserted": inserted,
+            "num_sampled": sampled,
+            "insert_rate": insert_rate,
+            "sample_rate": sample_rate,
+            "samples_per_insert": sampled / inserted if inserted else 0.0,
+            "sample_wait_s": c.sample_wait_s,
+            "sample_wait_fraction": c.sample_wait_s / sampling_for if sampling_for > 0 else 0.0,
+            "stale_updates": sum(s.stale_updates for s in alive),
+            "items_lost": c.items_lost,
+            "shard_failures": c.shard_failures,
+            "priority_updates_lost": c.priority_updates_lost,
+            "adds_rerouted": c.adds_rerouted,
+        }
+
+    def _observe(self, shard: int, status: ShardStatus) -> None:
+        view = self._views[shard]
+        if view.status is not None and view.status.incarnation != status.incarnation:
+            lost = max(0, view.max_num_inserted_seen - status.restored_num_inserted)
+            self._counters.items_lost += lost
+            log.warning(
+                "replay shard %d restarted with %d rows from its snapshot; %d rows inserted "
+                "after the snapshot were lost",
+                shard,
+                status.size,
+                lost,
+            )
+            view.max_num_inserted_seen = 0
+        view.status = status
+        view.down_until = 0.0
+        view.max_num_inserted_seen = max(view.max_num_inserted_seen, status.num_inserted)
+
+    def _mark_down(self, shard: int, error: BaseException) -> None:
+        view = self._views[shard]
+        if view.down_until <= time.monotonic():
+            self._counters.shard_failures += 1
+            log.warning("replay shard %d unavailable (%s); routing around it", shard, error)
+        view.down_until = time.monotonic() + self._config.retry_down_shard_after_s
+
+    # ---- checkpoints --------------------------------------------------------------------------
+    def save(self, path: str) -> None:
+        """Write every shard (rows, priorities, keys, counters) under ``path`` (dir or URI)."""
+        import ray
+
+        self.flush()
+        refs = [
+            h.save.remote(snapshot.join(path, f"shard_{i}.pkl"))
+            for i, h in enumerate(self._handles)
+        ]
+        ray.get(refs, timeout=self._config.timeout_s)
+        manifest = {k: v for k, v in asdict(self._config).items() if k != "placement_group"}
+        snapshot.write_text(snapshot.join(path, "manifest.json"), json.dumps(manifest, indent=2))
+
+    def restore(self, path: str) -> None:
+        """Load every shard from :meth:`save` output; shard count, capacity and alpha must match."""
+        import ray
+
+        text = snapshot.read_text(snapshot.join(path, "manifest.json"))
+        if text is None:
+            raise FileNotFoundError(f"no distributed replay checkpoint at {path!r}")
+        manifest = json.loads(text)
+        for name in ("num_shards", "capacity", "alpha", "eps"):
+            if manifest[name] != getattr(self._config, name):
+                raise ValueError(
+                    f"checkpoint at {path!r} has {name}={manifest[name]!r}, this replay has "
+                    f"{name}={getattr(self._config, name)!r}"
+                )
+        self.flush()
+        self._samples.clear()
+        refs = [
+            h.restore.remote(snapshot.join(path, f"shard_{i}.pkl"))
+            for i, h in enumerate(self._handles)
+        ]
+        for shard, status in enumerate(ray.get(refs, timeout=self._config.timeout_s)):
+            self._views[shard] = _ShardView()
+            self._observe(shard, status)
+
+    def close(self) -> None:
+        """Stop the shard actors (their snapshots stay on disk)."""
+        import ray
+
+        for handle in self._handles:
+            ray.kill(handle, no_restart=True)
+        self._adds.clear()
+        self._samples.clear()
+        self._updates.clear()
+
+    def __enter__(self) -> DistributedReplay:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _rebuild(config: DistributedReplayConfig, handles: list) -> DistributedReplay:
+    client = DistributedReplay.__new__(DistributedReplay)
+    client._setup(config, handles)
+    return client
+
+
+def _actor_errors() -> tuple[type[BaseException], ...]:
+    import ray
+
+    return (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError)

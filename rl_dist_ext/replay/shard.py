@@ -1,0 +1,213 @@
+"""One replay shard as a service: a :class:`PrioritizedReplay` behind a rate limiter, snapshotted.
+
+``ReplayShardServer`` is a plain class with ``async`` methods; ``rl_dist_ext.ray_actors`` turns
+it into a Ray actor (an async actor, so a call waiting on the rate limiter does not block other
+calls). It runs and is tested without Ray under ``asyncio``.
+
+Every reply carries the shard's :class:`ShardStatus`, so clients keep an up-to-date view of each
+shard's size and priority mass without polling.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple
+
+import numpy as np
+
+from rl_dist_ext.replay import snapshot
+from rl_dist_ext.replay.prioritized import PrioritizedReplay
+from rl_dist_ext.replay.rate_limiter import RateLimit, RateLimiter
+
+
+class RateLimitTimeout(TimeoutError):
+    """An insert or sample waited on the rate limiter for longer than its timeout."""
+
+
+class ShardStatus(NamedTuple):
+    """What every shard reply carries."""
+
+    shard_index: int
+    size: int
+    total_priority: float
+    min_priority: float  # inf when empty
+    num_inserted: int  # rows ever inserted into this incarnation's replay (restored ones count)
+    num_sampled: int  # rows handed out by sample() since this incarnation started
+    stale_updates: int
+    incarnation: str  # random id of this actor incarnation; changes when the shard restarts
+    restored_num_inserted: int  # num_inserted right after the last restore (0 if none)
+
+
+class ShardSample(NamedTuple):
+    keys: np.ndarray  # [B] int64 shard-local keys
+    priorities: np.ndarray  # [B] float64 stored priorities p_i
+    batch: dict[str, np.ndarray]
+    status: ShardStatus
+
+
+@dataclass(frozen=True, kw_only=True)
+class ShardSpec:
+    """Everything a shard needs to (re)start; a restarted actor gets the same spec."""
+
+    shard_index: int
+    capacity: int
+    alpha: float = 0.6
+    eps: float = 1e-6
+    seed: int | None = None
+    rate_limit: RateLimit = field(default_factory=RateLimit)
+    snapshot_uri: str | None = None  # file this shard snapshots to and restores from
+    snapshot_every_inserts: int | None = None
+    snapshot_every_s: float | None = None
+    timeout_s: float = 60.0
+
+
+class ReplayShardServer:
+    """A prioritized replay shard that can restore its latest snapshot when it restarts.
+
+    Args:
+        spec: the shard's settings.
+        restore_snapshot: load ``spec.snapshot_uri`` if it exists (the Ray wrapper passes
+            ``True`` when Ray restarted the actor; a fresh shard overwrites an old snapshot).
+    """
+
+    def __init__(self, spec: ShardSpec, *, restore_snapshot: bool = False) -> None:
+        self._spec = spec
+        self._replay = PrioritizedReplay(
+            spec.capacity, alpha=spec.alpha, eps=spec.eps, seed=spec.seed
+        )
+        self._limiter = RateLimiter(spec.rate_limit)
+        self._changed: asyncio.Condition | None = None  # bound to the loop it was made in
+        self._changed_loop: asyncio.AbstractEventLoop | None = None
+        self._num_sampled = 0
+        self._incarnation = uuid.uuid4().hex
+        self._restored_num_inserted = 0
+        self._inserts_at_snapshot = 0
+        self._last_snapshot_time = time.monotonic()
+        if restore_snapshot and spec.snapshot_uri is not None:
+            state = snapshot.read_state(spec.snapshot_uri)
+            if state is not None:
+                self._load(state)
+
+    # ---- data path ----------------------------------------------------------------------------
+    async def add(
+        self, batch: Mapping[str, np.ndarray], priorities: np.ndarray | None = None
+    ) -> ShardStatus:
+        """Insert rows, waiting (up to the timeout) while the rate limiter says actors are ahead."""
+        await self._wait_until(lambda: self._limiter.can_insert(len(self._replay)), "insert")
+        rows = self._replay.num_inserted
+        self._replay.add(batch, priorities)
+        self._limiter.inserted(self._replay.num_inserted - rows)
+        await self._notify()
+        self._maybe_snapshot()
+        return self.status()
+
+    async def sample(self, batch_size: int) -> ShardSample:
+        """Draw ``batch_size`` rows, waiting while the rate limiter says the learner is ahead."""
+        await self._wait_until(lambda: self._limiter.can_sample(len(self._replay)), "sample")
+        items = self._replay.sample_items(batch_size)
+        self._limiter.sampled(batch_size)
+        self._num_sampled += batch_size
+        await self._notify()
+        return ShardSample(items.keys, items.priorities, items.batch, self.status())
+
+    async def update_priorities(self, keys: np.ndarray, priorities: np.ndarray) -> ShardStatus:
+        self._replay.update_priorities(keys, priorities)
+        return self.status()
+
+    # ---- management ---------------------------------------------------------------------------
+    async def get_status(self) -> ShardStatus:
+        return self.status()
+
+    def status(self) -> ShardStatus:
+        return ShardStatus(
+            shard_index=self._spec.shard_index,
+            size=len(self._replay),
+            total_priority=self._replay.total_priority,
+            min_priority=self._replay.min_priority,
+            num_inserted=self._replay.num_inserted,
+            num_sampled=self._num_sampled,
+            stale_updates=self._replay.stale_updates,
+            incarnation=self._incarnation,
+            restored_num_inserted=self._restored_num_inserted,
+        )
+
+    async def save(self, uri: str) -> ShardStatus:
+        snapshot.write_state(uri, self._state())
+        return self.status()
+
+    async def restore(self, uri: str) -> ShardStatus:
+        state = snapshot.read_state(uri)
+        if state is None:
+            raise FileNotFoundError(f"no replay shard state at {uri!r}")
+        self._load(state)
+        await self._notify()
+        return self.status()
+
+    async def snapshot_now(self) -> ShardStatus:
+        if self._spec.snapshot_uri is None:
+            raise ValueError("this shard has no snapshot_uri configured")
+        self._write_snapshot()
+        return self.status()
+
+    # ---- internals ----------------------------------------------------------------------------
+    def _state(self) -> dict[str, Any]:
+        return {"replay": self._replay.state_dict(), "num_sampled": self._num_sampled}
+
+    def _load(self, state: Mapping[str, Any]) -> None:
+        self._replay.load_state_dict(state["replay"])
+        # Keys handed out after that state was written belong to rows that are gone.
+        self._replay.invalidate_outstanding_keys()
+        self._limiter.reset_balanced(len(self._replay))
+        self._inserts_at_snapshot = self._replay.num_inserted
+        self._restored_num_inserted = self._replay.num_inserted
+
+    def _maybe_snapshot(self) -> None:
+        spec = self._spec
+        if spec.snapshot_uri is None:
+            return
+        by_count = (
+            spec.snapshot_every_inserts is not None
+            and self._replay.num_inserted - self._inserts_at_snapshot >= spec.snapshot_every_inserts
+        )
+        by_time = (
+            spec.snapshot_every_s is not None
+            and time.monotonic() - self._last_snapshot_time >= spec.snapshot_every_s
+        )
+        if by_count or by_time:
+            self._write_snapshot()
+
+    def _write_snapshot(self) -> None:
+        snapshot.write_state(self._spec.snapshot_uri, self._state())
+        self._inserts_at_snapshot = self._replay.num_inserted
+        self._last_snapshot_time = time.monotonic()
+
+    async def _wait_until(self, allowed, what: str) -> None:
+        if allowed():
+            return
+        loop = asyncio.get_running_loop()
+        if self._changed_loop is not loop:
+            self._changed, self._changed_loop = asyncio.Condition(), loop
+        async with self._changed:
+            try:
+                await asyncio.wait_for(self._changed.wait_for(allowed), self._spec.timeout_s)
+            except asyncio.TimeoutError:
+                raise RateLimitTimeout(
+                    f"replay shard {self._spec.shard_index}: {what} waited "
+                    f"{self._spec.timeout_s:.1f}s on the rate limiter "
+                    f"({self._limiter.describe(len(self._replay))}); "
+                    + (
+                        "no learner is sampling fast enough"
+                        if what == "insert"
+                        else "actors are not inserting fast enough"
+                    )
+                ) from None
+
+    async def _notify(self) -> None:
+        if self._changed is None or self._changed_loop is not asyncio.get_running_loop():
+            return
+        async with self._changed:
+            self._changed.notify_all()

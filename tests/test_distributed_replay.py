@@ -1,0 +1,374 @@
+"""DistributedReplay on real Ray actors (one shared 2-CPU session)."""
+
+from __future__ import annotations
+
+import pickle
+import threading
+import time
+
+import numpy as np
+import pytest
+from scipy import stats as scipy_stats
+
+from rl_dist_ext.ops.priorities import td_priorities
+from rl_dist_ext.replay.distributed import (
+    DistributedReplay,
+    DistributedReplayConfig,
+    RateLimitTimeout,
+)
+
+pytestmark = pytest.mark.ray
+
+
+def rows(start: int, n: int) -> dict[str, np.ndarray]:
+    """Rows whose ``id`` column is their global row number."""
+    ids = np.arange(start, start + n)
+    return {
+        "id": ids.astype(np.int64),
+        "obs": np.repeat(ids[:, None], 3, axis=1).astype(np.float32),
+    }
+
+
+def config(**overrides) -> DistributedReplayConfig:
+    settings = {
+        "num_shards": 2,
+        "capacity": 1_000,
+        "min_size_to_sample": 1,
+        "num_cpus_per_shard": 0.1,
+        "seed": 0,
+        "timeout_s": 20.0,
+    }
+    settings.update(overrides)
+    return DistributedReplayConfig(**settings)
+
+
+@pytest.fixture
+def make_replay(ray_session):
+    started: list[DistributedReplay] = []
+
+    def make(**overrides) -> DistributedReplay:
+        replay = DistributedReplay(config(**overrides))
+        started.append(replay)
+        return replay
+
+    yield make
+    for replay in started:
+        replay.close()
+
+
+@pytest.mark.parametrize("num_shards", [1, 3])
+def test_round_trip(make_replay, num_shards):
+    replay = make_replay(num_shards=num_shards, capacity=900)
+    for start in range(0, 270, 30):  # 9 batches: round-robin spreads them evenly
+        replay.add(rows(start, 30))
+    replay.flush()
+    assert replay.stats()["size"] == 270
+    assert replay.stats()["size_per_shard"] == [270 // num_shards] * num_shards
+    seen = set()
+    for _ in range(40):
+        sample = replay.sample(32)
+        assert sample.batch["obs"].shape == (32, 3)
+        np.testing.assert_array_equal(sample.batch["obs"][:, 0], sample.batch["id"])
+        assert sample.weights.dtype == np.float32
+        assert np.all((sample.weights > 0) & (sample.weights <= 1))
+        assert np.all(sample.keys % num_shards < num_shards)
+        seen.update(sample.batch["id"].tolist())
+    assert seen <= set(range(270)) and len(seen) > 230
+
+
+def test_cross_shard_sampling_is_proportional_to_priority(make_replay):
+    """Shard 0 gets priority-1 rows, shard 1 priority-3 rows: P(shard 1) = 3/4 per item mass."""
+    replay = make_replay(num_shards=2, capacity=400, alpha=1.0, eps=1e-9, prefetch=1)
+    replay.add(rows(0, 100), priorities=np.full(100, 1.0))  # round-robin: shard a
+    replay.add(rows(100, 100), priorities=np.full(100, 3.0))  # shard b
+    replay.flush()
+    replay.refresh()
+    # Each batch comes whole from one shard, so batches (not items) are the independent draws.
+    batches = {"low": 0, "high": 0}
+    for _ in range(400):
+        sample = replay.sample(16, beta=1.0)
+        low = sample.batch["id"] < 100
+        assert low.all() or not low.any()
+        batches["low" if low.all() else "high"] += 1
+        # importance weights normalised across shards: (p_i / p_min) ** -beta
+        expected = np.where(low, 1.0, 1.0 / 3.0)
+        np.testing.assert_allclose(sample.weights, expected, rtol=1e-5)
+    chi = scipy_stats.chisquare([batches["low"], batches["high"]], [100, 300])
+    assert chi.pvalue > 1e-3, batches
+
+
+def collect_keys(replay: DistributedReplay, expected_rows: int) -> dict[int, int]:
+    """Sample until every row has been seen once; return row id -> global key."""
+    keys_by_id: dict[int, int] = {}
+    for _ in range(200):
+        sample = replay.sample(16)
+        keys_by_id.update(zip(sample.batch["id"].tolist(), sample.keys.tolist(), strict=True))
+        if len(keys_by_id) == expected_rows:
+            break
+    assert len(keys_by_id) == expected_rows
+    return keys_by_id
+
+
+def test_priority_updates_reach_the_right_items_and_stale_ones_are_dropped(make_replay):
+    replay = make_replay(num_shards=2, capacity=40, alpha=1.0, eps=1e-9)
+    replay.add(rows(0, 20))
+    replay.add(rows(20, 20))
+    replay.flush()
+    keys_by_id = collect_keys(replay, 40)
+    ids = np.array(sorted(keys_by_id))
+    keys = np.array([keys_by_id[i] for i in ids])
+    replay.update_priorities(keys, ids + 1.0)  # row i gets priority i + 1
+    replay.flush()
+    for _ in range(replay.config.prefetch):  # requests already in flight predate the update
+        replay.sample(16)
+    replay.refresh()
+    for _ in range(20):
+        # beta = 1: w_i = p_min / p_i = 1 / (id + 1) exactly when each update hit its own row
+        sample = replay.sample(16, beta=1.0)
+        np.testing.assert_allclose(sample.weights, 1.0 / (sample.batch["id"] + 1.0), rtol=1e-5)
+
+    # Overwrite every slot, then the old keys are stale: dropped and counted, never applied.
+    replay.add(rows(100, 20))
+    replay.add(rows(120, 20))
+    replay.flush()
+    before = replay.stats()["stale_updates"]
+    replay.update_priorities(keys, np.full(len(keys), 1e6))
+    replay.flush()
+    assert replay.stats()["stale_updates"] - before == len(keys)
+    statuses = replay.refresh()
+    assert sum(s.total_priority for s in statuses) < 1e6
+
+
+def test_updates_change_sampling_frequencies(make_replay):
+    replay = make_replay(num_shards=2, capacity=100, alpha=1.0, eps=1e-9, prefetch=1)
+    replay.add(rows(0, 10), priorities=np.ones(10))
+    replay.add(rows(10, 10), priorities=np.ones(10))
+    replay.flush()
+    keys_by_id = {}
+    for _ in range(30):
+        sample = replay.sample(16)
+        keys_by_id.update(zip(sample.batch["id"].tolist(), sample.keys.tolist(), strict=True))
+    assert len(keys_by_id) == 20
+    ids = np.array(sorted(keys_by_id))
+    priorities = np.where(ids == 3, 50.0, 1.0)
+    replay.update_priorities(np.array([keys_by_id[i] for i in ids]), priorities)
+    replay.flush()
+    replay.sample(32)  # the one prefetched request predates the update
+    replay.refresh()
+    draws = np.concatenate([replay.sample(32).batch["id"] for _ in range(100)])
+    share = np.mean(draws == 3)
+    expected = td_priorities(np.array(50.0), alpha=1.0, eps=1e-9) / (50.0 + 19.0)
+    assert abs(share - expected) < 0.08, share
+
+
+def test_rate_limiter_blocks_sampling_until_inserts_arrive(make_replay):
+    replay = make_replay(
+        num_shards=1,
+        capacity=10_000,
+        min_size_to_sample=10,
+        samples_per_insert=1.0,
+        error_buffer=40.0,
+        prefetch=1,
+        timeout_s=20.0,
+    )
+    replay.add(rows(0, 10))
+    replay.flush()
+    replay.sample(32)  # allowed at diff 10 >= 10 - 40; afterwards diff = -22
+    replay.sample(32)  # the prefetched request, allowed at -22 >= -30; afterwards diff = -54
+    result = {}
+
+    def learner():
+        started = time.monotonic()
+        replay.sample(32)  # the next request waits in the shard: -54 < -30
+        result["waited"] = time.monotonic() - started
+
+    thread = threading.Thread(target=learner)
+    thread.start()
+    time.sleep(1.5)
+    assert thread.is_alive(), "sampling should wait for inserts"
+    producer = pickle.loads(pickle.dumps(replay))  # a second client, as an actor would hold
+    producer.add(rows(10, 100))
+    producer.flush()
+    thread.join(timeout=20)
+    assert not thread.is_alive()
+    assert result["waited"] > 1.0
+
+
+def test_rate_limiter_times_out_with_a_clear_error(make_replay):
+    replay = make_replay(
+        num_shards=1,
+        capacity=1_000,
+        min_size_to_sample=10,
+        samples_per_insert=1.0,
+        error_buffer=10.0,
+        prefetch=1,
+        timeout_s=1.0,
+    )
+    replay.add(rows(0, 10))
+    replay.flush()
+    with pytest.raises(RateLimitTimeout, match="rate limiter"):
+        for _ in range(5):
+            replay.sample(16)
+
+
+def test_inserts_wait_when_actors_are_too_far_ahead(make_replay):
+    replay = make_replay(
+        num_shards=1,
+        capacity=10_000,
+        min_size_to_sample=10,
+        samples_per_insert=1.0,
+        error_buffer=20.0,
+        prefetch=1,
+        max_in_flight_adds=1,
+        timeout_s=20.0,
+    )
+    replay.add(rows(0, 40))  # diff 40 > 10 + 20: the next insert must wait
+    replay.flush()
+    done = threading.Event()
+
+    def actor():
+        replay.add(rows(40, 10))
+        replay.flush()
+        done.set()
+
+    learner = pickle.loads(pickle.dumps(replay))
+    thread = threading.Thread(target=actor)
+    thread.start()
+    assert not done.wait(1.5), "insert should wait for the learner"
+    for _ in range(3):
+        learner.sample(16)
+    assert done.wait(20)
+    thread.join()
+
+
+def test_save_and_restore_round_trip(make_replay, tmp_path):
+    replay = make_replay(num_shards=2, capacity=200, alpha=1.0)
+    for start in range(0, 120, 20):
+        replay.add(rows(start, 20), priorities=np.arange(start, start + 20) + 1.0)
+    replay.flush()
+    replay.save(str(tmp_path / "ckpt"))
+    assert (tmp_path / "ckpt" / "manifest.json").exists()
+    before = replay.stats()
+
+    fresh = make_replay(num_shards=2, capacity=200, alpha=1.0)
+    fresh.restore(str(tmp_path / "ckpt"))
+    after = fresh.stats()
+    assert after["size_per_shard"] == before["size_per_shard"]
+    assert after["num_inserted"] == before["num_inserted"]
+    draws = np.concatenate([fresh.sample(32).batch["id"] for _ in range(20)])
+    assert set(draws.tolist()) <= set(range(120))
+    # Rows keep their priorities: high ids are drawn far more often than low ones.
+    assert np.mean(draws >= 60) > 0.6
+
+    other = make_replay(num_shards=3, capacity=200, alpha=1.0)
+    with pytest.raises(ValueError, match="num_shards"):
+        other.restore(str(tmp_path / "ckpt"))
+    with pytest.raises(FileNotFoundError):
+        other.restore(str(tmp_path / "missing"))
+
+
+def test_killed_shard_restarts_from_snapshot_and_losses_are_counted(make_replay, tmp_path):
+    import ray
+
+    replay = make_replay(
+        num_shards=2,
+        capacity=4_000,
+        snapshot_dir=str(tmp_path / "snap"),
+        snapshot_every_inserts=100,
+        retry_down_shard_after_s=0.5,
+    )
+    rng = np.random.default_rng(0)
+    next_id = 0
+    for _ in range(20):
+        replay.add(rows(next_id, 25))
+        next_id += 25
+    replay.flush()
+    assert replay.stats()["size"] == 500
+    ray.kill(replay.handles[0], no_restart=False)
+    # A training-style loop keeps going while the shard is down and comes back.
+    deadline = time.monotonic() + 30
+    cycles = 0
+    while time.monotonic() < deadline:
+        sample = replay.sample(32)
+        replay.update_priorities(sample.keys, rng.random(32))
+        replay.add(rows(next_id, 25))
+        next_id += 25
+        cycles += 1
+        if cycles > 50 and replay.stats()["shards_alive"] == 2 and replay.stats()["shard_failures"]:
+            break
+    replay.flush()
+    stats = replay.stats()
+    assert cycles > 50
+    assert stats["shard_failures"] >= 1
+    assert stats["shards_alive"] == 2
+    # Shard 0 held 250 rows and snapshotted every 100 inserts: at most the last 50 are lost.
+    assert 0 <= stats["items_lost"] <= 100
+    assert stats["size"] == next_id - stats["items_lost"] or stats["size"] <= next_id
+    # Nothing silently vanished: every inserted row is stored, or counted as lost.
+    assert stats["num_inserted"] + stats["items_lost"] >= next_id
+
+
+def test_client_pickles_into_a_remote_producer(make_replay):
+    import ray
+
+    replay = make_replay(num_shards=2, capacity=1_000)
+
+    @ray.remote(num_cpus=0.1)
+    def produce(client, start):
+        # Self-contained: test-module helpers are not importable on Ray workers.
+        for offset in range(0, 100, 20):
+            ids = np.arange(start + offset, start + offset + 20)
+            client.add({"id": ids, "obs": np.repeat(ids[:, None], 3, axis=1).astype(np.float32)})
+        client.flush()
+        return client.stats()["num_inserted"]
+
+    ray.get([produce.remote(replay, 0), produce.remote(replay, 1000)], timeout=60)
+    assert replay.stats()["size"] == 200
+
+
+@pytest.mark.parametrize(
+    ("overrides", "match"),
+    [
+        ({"num_shards": 0}, "num_shards"),
+        ({"capacity": 1}, "capacity"),
+        ({"alpha": -1.0}, "alpha"),
+        ({"min_size_to_sample": 5_000}, "min_size_to_sample"),
+        ({"samples_per_insert": 0.0}, "samples_per_insert"),
+        ({"error_buffer": 5.0}, "error_buffer"),
+        ({"prefetch": 0}, "prefetch"),
+        ({"max_in_flight_adds": 0}, "max_in_flight_adds"),
+        ({"num_cpus_per_shard": -1}, "num_cpus_per_shard"),
+        ({"bundle_indices": (0, 1)}, "placement_group"),
+        ({"snapshot_every_inserts": 10}, "snapshot_dir"),
+        ({"timeout_s": 0}, "timeout_s"),
+        ({"seed": -1}, "seed"),
+    ],
+)
+def test_bad_config_raises_before_any_actor_starts(overrides, match):
+    with pytest.raises(ValueError, match=match):
+        config(**overrides)
+
+
+def test_impossible_cpu_request_raises_before_actors_start(ray_session):
+    from conftest import alive_actor_count
+
+    before = alive_actor_count()
+    with pytest.raises(ValueError, match="num_cpus_per_shard"):
+        DistributedReplay(config(num_shards=8, num_cpus_per_shard=1.0))
+    assert alive_actor_count() == before
+
+
+def test_bad_calls_raise(make_replay):
+    replay = make_replay(num_shards=1)
+    with pytest.raises(TypeError, match="batch"):
+        replay.add([1, 2, 3])
+    with pytest.raises(ValueError, match="priorities"):
+        replay.add(rows(0, 4), priorities=np.ones(3))
+    with pytest.raises(ValueError, match="batch_size"):
+        replay.sample(0)
+    with pytest.raises(ValueError, match="beta"):
+        replay.sample(4, beta=2.0)
+    with pytest.raises(ValueError, match="keys"):
+        replay.update_priorities(np.array([0.5]), np.array([1.0]))
+    with pytest.raises(TypeError, match="DistributedReplayConfig"):
+        DistributedReplay({"num_shards": 1})
