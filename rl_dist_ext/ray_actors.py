@@ -8,6 +8,7 @@ from typing import Any
 import ray
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
+from rl_dist_ext.params import ParameterServer
 from rl_dist_ext.replay.shard import ReplayShardServer, ShardSpec
 
 
@@ -34,9 +35,28 @@ def start_replay_shard(
     bundle_index: int = -1,
 ) -> ray.actor.ActorHandle:
     """Start one replay shard actor, in ``placement_group`` (bundle ``bundle_index``) if given."""
+    return RemoteReplayShard.options(**_placement(num_cpus, placement_group, bundle_index)).remote(
+        spec
+    )
+
+
+def _placement(num_cpus: float, placement_group: Any, bundle_index: int) -> dict[str, Any]:
     options: dict[str, Any] = {"num_cpus": num_cpus}
     if placement_group is not None:
         options["scheduling_strategy"] = PlacementGroupSchedulingStrategy(
             placement_group=placement_group, placement_group_bundle_index=bundle_index
         )
-    return RemoteReplayShard.options(**options).remote(spec)
+    return options
+
+
+# Weights are republished by the learner after a restart, so a restarted server needs no state.
+RemoteParameterServer = ray.remote(max_restarts=-1, max_task_retries=0)(ParameterServer)
+
+
+def start_parameter_server(
+    *, num_cpus: float = 0.0, placement_group: Any = None, bundle_index: int = -1
+) -> ray.actor.ActorHandle:
+    """Start the parameter server actor (it only stores references: no CPU by default)."""
+    return RemoteParameterServer.options(
+        **_placement(num_cpus, placement_group, bundle_index)
+    ).remote()

@@ -1,7 +1,15 @@
 """RLlib (2.60, new API stack) adapters for rl-dist-ext.
 
-Importing this package will register the algorithms (``"GorilaDQN"``, ``"VTrace"``) with Tune and
-RLlib's algorithm registry once they exist; today it exposes nothing yet.
+Importing this package registers ``"GorilaDQN"`` with Tune and RLlib's algorithm registry, so
+``tune.Tuner("GorilaDQN", param_space=config)`` and ``get_trainable_cls("GorilaDQN")`` work.
 """
 
-__all__: list[str] = []
+from rllib_plugins.gorila import GorilaDQN
+from rllib_plugins.gorila_config import GorilaDQNConfig
+from rllib_plugins.gorila_env_runner import GorilaEnvRunner
+from rllib_plugins.gorila_learner import GorilaDQNTorchLearner
+from rllib_plugins.registration import register_algorithms
+
+register_algorithms()
+
+__all__ = ["GorilaDQN", "GorilaDQNConfig", "GorilaDQNTorchLearner", "GorilaEnvRunner"]

@@ -1,0 +1,72 @@
+"""Actor-side Gorila / Ape-X step shared by the RLlib and Tianshou adapters.
+
+An actor folds its rollout into n-step transitions and computes their initial priorities with its
+local network before pushing them to replay (Horgan et al. 2018, section 3). The local network is
+an online copy only, so the initial TD error uses it for both action selection and evaluation.
+The learner-side loss is :func:`rl_dist_ext.ops.priorities.double_dqn_loss`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import NamedTuple
+
+import numpy as np
+import torch
+
+from rl_dist_ext.ops.nstep import flatten_time_batch, fold_nstep
+from rl_dist_ext.ops.priorities import double_dqn_td_error
+
+#: Column names of a Gorila replay row (what actors push and learners sample).
+TRANSITION_COLUMNS = ("obs", "action", "reward", "discount", "next_obs")
+
+
+class ActorBatch(NamedTuple):
+    transitions: dict[str, np.ndarray]  # TRANSITION_COLUMNS -> [N, ...]
+    priorities: np.ndarray  # [N] float64 |TD error| from the actor's local network
+
+
+def nstep_batch_with_priorities(
+    *,
+    obs: np.ndarray,
+    actions: np.ndarray,
+    rewards: np.ndarray,
+    next_obs: np.ndarray,
+    terminated: np.ndarray,
+    truncated: np.ndarray,
+    gamma: float,
+    n_step: int,
+    q_values: Callable[[torch.Tensor], torch.Tensor],
+) -> ActorBatch:
+    """Fold a ``[T, B]`` rollout into n-step transitions and attach initial priorities.
+
+    Args:
+        obs, actions, rewards, next_obs, terminated, truncated: the rollout, time-major, as
+            :func:`rl_dist_ext.ops.nstep.fold_nstep` takes it.
+        gamma: discount per step.
+        n_step: n of the n-step return.
+        q_values: the actor's local network, ``[N, *obs_shape]`` float tensor -> ``[N, A]``.
+    """
+    folded = fold_nstep(
+        obs=obs,
+        actions=actions,
+        rewards=rewards,
+        next_obs=next_obs,
+        terminated=terminated,
+        truncated=truncated,
+        gamma=gamma,
+        n=n_step,
+    )
+    transitions = flatten_time_batch(folded)
+    with torch.no_grad():
+        q_t = q_values(torch.as_tensor(transitions["obs"], dtype=torch.float32))
+        q_tp1 = q_values(torch.as_tensor(transitions["next_obs"], dtype=torch.float32))
+        td = double_dqn_td_error(
+            q_online_t=q_t,
+            actions=torch.as_tensor(transitions["action"]),
+            rewards=torch.as_tensor(transitions["reward"]),
+            discounts=torch.as_tensor(transitions["discount"]),
+            q_online_tp1=q_tp1,
+            q_target_tp1=q_tp1,
+        ).td_error
+    return ActorBatch(transitions, td.abs().double().cpu().numpy())

@@ -1,0 +1,252 @@
+"""``GorilaDQN``: Gorila / Ape-X DQN as an RLlib (new API stack) algorithm.
+
+Env runners (``GorilaEnvRunner``) act continuously with their own Ape-X epsilon, fold n-step
+transitions, compute initial priorities and push them to a sharded, prioritized replay
+(``rl_dist_ext.replay.distributed``). The central learner (``GorilaDQNTorchLearner``, inside
+RLlib's LearnerGroup) samples from the replay with prefetch, trains double DQN and publishes
+versioned weights to a parameter server, which runners pull every K env steps. A training
+iteration never waits for a full sampling round: runner requests are asynchronous.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+import ray
+from ray.rllib.algorithms.algorithm import Algorithm
+from ray.rllib.algorithms.dqn import DQN
+from ray.rllib.utils.metrics import (
+    ENV_RUNNER_RESULTS,
+    LEARNER_RESULTS,
+    NUM_ENV_STEPS_SAMPLED_LIFETIME,
+    TIMERS,
+)
+from ray.tune.execution.placement_groups import PlacementGroupFactory
+
+from rl_dist_ext.ray_actors import start_parameter_server
+from rl_dist_ext.replay.distributed import DistributedReplay
+from rllib_plugins.gorila_config import GorilaDQNConfig
+
+log = logging.getLogger(__name__)
+
+ACT_TAG = "gorila_act"
+REPLAY_DIR = "replay"
+
+
+class GorilaDQN(DQN):
+    """See the module docstring; configure it with :class:`GorilaDQNConfig`."""
+
+    @classmethod
+    def get_default_config(cls) -> GorilaDQNConfig:
+        return GorilaDQNConfig()
+
+    @classmethod
+    def default_resource_request(cls, config) -> PlacementGroupFactory:
+        """RLlib's bundles plus one ``{"CPU": num_cpus_per_shard}`` bundle per replay shard."""
+        base = super().default_resource_request(config)
+        config = cls.get_default_config().update_from_dict(config)
+        shard = {"CPU": config.replay_num_cpus_per_shard}
+        return PlacementGroupFactory(
+            bundles=[*base.bundles, *[shard] * config.replay_num_shards],
+            strategy=base.strategy,
+        )
+
+    # ---- setup / teardown ---------------------------------------------------------------------
+    def setup(self, config: GorilaDQNConfig) -> None:
+        _check_env_spaces(config)
+        _check_cluster_fits(config)
+        self._replay: DistributedReplay | None = None
+        self._param_server = None
+        super().setup(config)
+        try:
+            placement_group = ray.util.get_current_placement_group()
+            bundle_indices = None
+            if placement_group is not None:
+                first = len(placement_group.bundle_specs) - config.replay_num_shards
+                bundle_indices = tuple(range(first, first + config.replay_num_shards))
+            self._param_server = start_parameter_server()
+            self._replay = DistributedReplay(
+                config.replay_config(placement_group=placement_group, bundle_indices=bundle_indices)
+            )
+            self._connect_learner()
+            self._connect_env_runners(None)
+        except BaseException:
+            self.cleanup()
+            raise
+        self._runner_versions: dict[int, int] = {}
+        self._runner_epsilons: dict[int, float] = {}
+        self._last_iteration = (time.monotonic(), 0)
+
+    def _connect_learner(self) -> None:
+        replay, params = self._replay, self._param_server
+        self.learner_group.foreach_learner(lambda learner: learner.connect(replay, params))
+
+    def _connect_env_runners(self, runner_ids: list[int] | None) -> None:
+        replay, params = self._replay, self._param_server
+        self.env_runner_group.foreach_env_runner(
+            lambda runner: runner.connect(replay, params),
+            remote_worker_ids=runner_ids,
+            local_env_runner=False,
+        )
+
+    def restore_env_runners(self, env_runner_group) -> list[int]:
+        """RLlib's restart handling, then give restarted runners the replay and weights handles."""
+        restored = super().restore_env_runners(env_runner_group)
+        if restored and env_runner_group is self.env_runner_group and self._replay is not None:
+            log.warning("env runners %s restarted; reconnecting them to the replay", restored)
+            self._connect_env_runners(restored)
+        return restored
+
+    def cleanup(self) -> None:
+        if getattr(self, "_replay", None) is not None:
+            self._replay.close()
+            self._replay = None
+        if getattr(self, "_param_server", None) is not None:
+            ray.kill(self._param_server, no_restart=True)
+            self._param_server = None
+        super().cleanup()
+
+    # ---- one iteration ------------------------------------------------------------------------
+    def training_step(self) -> None:
+        config: GorilaDQNConfig = self.config
+        with self.metrics.log_time((TIMERS, "gorila_act")):
+            self._act()
+        with self.metrics.log_time((TIMERS, "gorila_replay_stats")):
+            replay_stats = self._replay.stats()
+        learned = replay_stats["size"] >= config.replay_min_size_to_sample
+        if learned:
+            with self.metrics.log_time((TIMERS, "gorila_learn")):
+                self._learn()
+        else:  # nothing to learn from yet: let the runners fill the replay
+            time.sleep(0.05)
+        self._log_progress(replay_stats)
+
+    def _act(self) -> None:
+        """Keep one request in flight per runner; collect the ones that finished."""
+        results = self.env_runner_group.foreach_env_runner_async_fetch_ready(
+            func="collect_and_push",
+            kwargs={"num_steps": self.config.env_steps_per_request},
+            tag=ACT_TAG,
+            timeout_seconds=0.0,
+            return_actor_ids=True,
+        )
+        metrics = []
+        for runner_id, result in results:
+            metrics.append(result["metrics"])
+            self._runner_versions[runner_id] = result["weights_version"]
+            self._runner_epsilons[runner_id] = result["epsilon"]
+        if metrics:
+            self.metrics.aggregate(metrics, key=ENV_RUNNER_RESULTS)
+
+    def _learn(self) -> None:
+        updates = self.config.updates_per_iteration
+        timesteps = {
+            NUM_ENV_STEPS_SAMPLED_LIFETIME: self.metrics.peek(
+                (ENV_RUNNER_RESULTS, NUM_ENV_STEPS_SAMPLED_LIFETIME), default=0
+            )
+        }
+        results = self.learner_group.foreach_learner(
+            lambda learner: learner.train_from_replay(updates, timesteps)
+        )
+        self.metrics.aggregate([r.get() for r in results.result_or_errors], key=LEARNER_RESULTS)
+
+    def _log_progress(self, replay_stats: dict[str, Any]) -> None:
+        now = time.monotonic()
+        env_steps = self.metrics.peek(
+            (ENV_RUNNER_RESULTS, NUM_ENV_STEPS_SAMPLED_LIFETIME), default=0
+        )
+        last_time, last_steps = self._last_iteration
+        self._last_iteration = (now, env_steps)
+        learner_version = self._learner_weights_version()
+        lags = [learner_version - v for v in self._runner_versions.values() if v >= 0]
+        gorila = {
+            "env_steps_per_s": (env_steps - last_steps) / max(now - last_time, 1e-9),
+            "replay_size": replay_stats["size"],
+            "replay_samples_per_insert": replay_stats["samples_per_insert"],
+            "replay_insert_rate": replay_stats["insert_rate"],
+            "replay_sample_rate": replay_stats["sample_rate"],
+            "replay_sample_wait_s": replay_stats["sample_wait_s"],
+            "replay_stale_updates": replay_stats["stale_updates"],
+            "replay_items_lost": replay_stats["items_lost"],
+            "replay_shard_failures": replay_stats["shard_failures"],
+            "learner_weights_version": learner_version,
+            "policy_lag_mean": float(np.mean(lags)) if lags else 0.0,
+            "policy_lag_max": float(max(lags)) if lags else 0.0,
+            "num_healthy_env_runners": self.env_runner_group.num_healthy_remote_workers(),
+        }
+        for runner_id, epsilon in sorted(self._runner_epsilons.items()):
+            gorila[f"epsilon_runner_{runner_id}"] = epsilon
+        self.metrics.log_dict(gorila, key="gorila", window=1)
+
+    def _learner_weights_version(self) -> int:
+        results = self.learner_group.foreach_learner(lambda learner: learner.weights_version)
+        return int(results.result_or_errors[0].get())
+
+    # ---- checkpoints --------------------------------------------------------------------------
+    def save_to_path(self, path=None, *, state=None, filesystem=None, use_msgpack=False) -> str:
+        """RLlib's checkpoint plus, unless ``replay(checkpoint=False)``, every replay shard."""
+        path = super().save_to_path(
+            path, state=state, filesystem=filesystem, use_msgpack=use_msgpack
+        )
+        if self.config.checkpoint_replay and self._replay is not None:
+            self._replay.save(str(Path(path) / REPLAY_DIR))
+        return path
+
+    def restore_from_path(self, path, *args, **kwargs) -> None:
+        """Restore RLlib's components, the replay (when saved) and re-publish the weights."""
+        super().restore_from_path(path, *args, **kwargs)
+        replay_dir = Path(path) / REPLAY_DIR
+        if self._replay is not None and (replay_dir / "manifest.json").exists():
+            self._replay.restore(str(replay_dir))
+        if self._param_server is not None:
+            self.learner_group.foreach_learner(lambda learner: learner.publish_weights())
+
+
+def _check_env_spaces(config: GorilaDQNConfig) -> None:
+    """Discrete actions and Box observations, checked on one env before any actor starts."""
+    observation_space, action_space = config.observation_space, config.action_space
+    if observation_space is None or action_space is None:
+        _, creator = Algorithm._get_env_id_and_creator(config.env, config)
+        env = creator(config.env_config)
+        try:
+            observation_space = observation_space or env.observation_space
+            action_space = action_space or env.action_space
+        finally:
+            env.close()
+    if not isinstance(action_space, gym.spaces.Discrete):
+        raise ValueError(
+            f"GorilaDQN needs a Discrete action space; env {config.env!r} has {action_space}"
+        )
+    if not isinstance(observation_space, gym.spaces.Box):
+        raise ValueError(
+            f"GorilaDQN needs a Box observation space; env {config.env!r} has "
+            f"{observation_space} (wrap it, e.g. with gymnasium.wrappers.FlattenObservation)"
+        )
+
+
+def _check_cluster_fits(config: GorilaDQNConfig) -> None:
+    """Refuse resource asks the running Ray cluster can never satisfy (instead of hanging)."""
+    if not ray.is_initialized() or ray.util.get_current_placement_group() is not None:
+        return
+    bundles = GorilaDQN.default_resource_request(config).bundles
+    wanted = sum(b.get("CPU", 0) for b in bundles)
+    available = ray.cluster_resources().get("CPU", 0.0)
+    if wanted > available:
+        raise ValueError(
+            f"GorilaDQN asks for {wanted:g} CPUs (main process, {config.num_env_runners} env "
+            f"runners x {config.num_cpus_per_env_runner}, {config.replay_num_shards} replay "
+            f"shards x {config.replay_num_cpus_per_shard}, learners) but the Ray cluster has "
+            f"{available:g}; lower num_cpus_per_env_runner / replay num_cpus_per_shard or the "
+            "counts"
+        )
+    wanted_gpus = sum(b.get("GPU", 0) for b in bundles)
+    if wanted_gpus > ray.cluster_resources().get("GPU", 0.0):
+        raise ValueError(
+            f"GorilaDQN asks for {wanted_gpus:g} GPUs but the Ray cluster has "
+            f"{ray.cluster_resources().get('GPU', 0.0):g}"
+        )

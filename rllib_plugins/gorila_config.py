@@ -1,0 +1,210 @@
+"""``GorilaDQNConfig``: RLlib's DQN config plus Gorila / Ape-X settings, validated before start."""
+
+from __future__ import annotations
+
+import numbers
+from typing import Any
+
+from ray.rllib.algorithms.dqn import DQNConfig
+from ray.rllib.utils.from_config import NotProvided
+
+from rl_dist_ext.replay.distributed import DistributedReplayConfig
+
+try:
+    from typing import Self
+except ImportError:  # Python 3.10
+    from typing_extensions import Self
+
+
+class GorilaDQNConfig(DQNConfig):
+    """Configuration of :class:`rllib_plugins.GorilaDQN`.
+
+    On top of :class:`~ray.rllib.algorithms.dqn.DQNConfig` (``lr``, ``gamma``, ``n_step``,
+    ``dueling``, ``double_q``, ``td_error_loss_fn``, ``train_batch_size_per_learner``, ...):
+
+    - ``.training(target_update_every_n_updates=500, weight_sync_every_n_steps=400,
+      updates_per_iteration=32, env_steps_per_request=64, publish_every_n_updates=8,
+      epsilon_base=0.4, epsilon_alpha=7.0)``: the target network is hard-updated every C
+      *gradient updates*; env runners pull newer weights every K of their env steps; the learner
+      publishes weights every ``publish_every_n_updates`` updates; runner ``i`` of ``N`` explores
+      with Ape-X epsilon ``epsilon_base ** (1 + (i - 1) / (N - 1) * epsilon_alpha)``.
+    - ``.replay(num_shards=2, capacity=100_000, prioritized=True, alpha=0.6, beta=0.4,
+      samples_per_insert=None, ...)``: the distributed replay (see
+      :class:`rl_dist_ext.replay.distributed.DistributedReplayConfig`).
+
+    Example::
+
+        config = (GorilaDQNConfig().environment("CartPole-v1")
+                  .env_runners(num_env_runners=4)
+                  .training(lr=5e-4, n_step=3, target_update_every_n_updates=500)
+                  .replay(num_shards=2, capacity=100_000))
+        algo = config.build_algo()
+    """
+
+    def __init__(self, algo_class: type | None = None) -> None:
+        from rllib_plugins.gorila import GorilaDQN
+        from rllib_plugins.gorila_env_runner import GorilaEnvRunner
+
+        super().__init__(algo_class=algo_class or GorilaDQN)
+        # RLlib settings with Gorila defaults.
+        self.n_step = 3
+        self.lr = 5e-4
+        self.train_batch_size_per_learner = 64
+        self.num_env_runners = 2
+        self.env_runner_cls = GorilaEnvRunner
+        self.min_sample_timesteps_per_iteration = 1000
+        self.min_time_s_per_iteration = None
+        # The distributed replay replaces DQN's local one.
+        self.replay_buffer_config = {"type": "EpisodeReplayBuffer", "no_local_replay_buffer": True}
+        # Gorila / Ape-X.
+        self.target_update_every_n_updates = 500
+        self.weight_sync_every_n_steps = 400
+        self.updates_per_iteration = 32
+        self.env_steps_per_request = 64
+        self.publish_every_n_updates = 8
+        self.epsilon_base = 0.4
+        self.epsilon_alpha = 7.0
+        # Replay.
+        self.replay_num_shards = 2
+        self.replay_capacity = 100_000
+        self.replay_prioritized = True
+        self.replay_alpha = 0.6
+        self.replay_beta = 0.4
+        self.replay_eps = 1e-6
+        self.replay_samples_per_insert: float | None = None
+        self.replay_error_buffer: float | None = None
+        self.replay_min_size_to_sample = 1_000
+        self.replay_prefetch = 2
+        self.replay_num_cpus_per_shard = 0.1
+        self.replay_snapshot_every_inserts: int | None = None
+        self.replay_snapshot_dir: str | None = None
+        self.checkpoint_replay = True
+
+    def training(
+        self,
+        *,
+        target_update_every_n_updates: int = NotProvided,
+        weight_sync_every_n_steps: int = NotProvided,
+        updates_per_iteration: int = NotProvided,
+        env_steps_per_request: int = NotProvided,
+        publish_every_n_updates: int = NotProvided,
+        epsilon_base: float = NotProvided,
+        epsilon_alpha: float = NotProvided,
+        **kwargs: Any,
+    ) -> Self:
+        """DQN's ``training()`` settings plus the Gorila ones (see the class docstring)."""
+        super().training(**kwargs)
+        for name, value in (
+            ("target_update_every_n_updates", target_update_every_n_updates),
+            ("weight_sync_every_n_steps", weight_sync_every_n_steps),
+            ("updates_per_iteration", updates_per_iteration),
+            ("env_steps_per_request", env_steps_per_request),
+            ("publish_every_n_updates", publish_every_n_updates),
+            ("epsilon_base", epsilon_base),
+            ("epsilon_alpha", epsilon_alpha),
+        ):
+            if value is not NotProvided:
+                setattr(self, name, value)
+        return self
+
+    def replay(
+        self,
+        *,
+        num_shards: int = NotProvided,
+        capacity: int = NotProvided,
+        prioritized: bool = NotProvided,
+        alpha: float = NotProvided,
+        beta: float = NotProvided,
+        eps: float = NotProvided,
+        samples_per_insert: float | None = NotProvided,
+        error_buffer: float | None = NotProvided,
+        min_size_to_sample: int = NotProvided,
+        prefetch: int = NotProvided,
+        num_cpus_per_shard: float = NotProvided,
+        snapshot_dir: str | None = NotProvided,
+        snapshot_every_inserts: int | None = NotProvided,
+        checkpoint: bool = NotProvided,
+    ) -> Self:
+        """Settings of the sharded replay; ``checkpoint=False`` leaves it out of checkpoints."""
+        for name, value in locals().items():
+            if name == "self" or value is NotProvided:
+                continue
+            setattr(self, "checkpoint_replay" if name == "checkpoint" else f"replay_{name}", value)
+        return self
+
+    def validate(self) -> None:
+        super().validate()
+        if self.in_evaluation:  # evaluation runners only act greedily; nothing Gorila to check
+            return
+        if self.is_multi_agent:
+            self._value_error("GorilaDQN supports single-agent envs only")
+        for name in (
+            "target_update_every_n_updates",
+            "weight_sync_every_n_steps",
+            "updates_per_iteration",
+            "env_steps_per_request",
+            "publish_every_n_updates",
+            "train_batch_size_per_learner",
+            "num_env_runners",
+        ):
+            _check_int(name, getattr(self, name), 1)
+        if not isinstance(self.n_step, numbers.Integral) or isinstance(self.n_step, bool):
+            raise ValueError(f"n_step must be an int >= 1 for GorilaDQN, got {self.n_step!r}")
+        _check_int("n_step", self.n_step, 1)
+        if not 0.0 <= self.epsilon_base <= 1.0:
+            raise ValueError(f"epsilon_base must be in [0, 1], got {self.epsilon_base!r}")
+        if not self.epsilon_alpha >= 0.0:
+            raise ValueError(f"epsilon_alpha must be >= 0, got {self.epsilon_alpha!r}")
+        if not 0.0 <= self.replay_beta <= 1.0:
+            raise ValueError(f"replay beta must be in [0, 1], got {self.replay_beta!r}")
+        if self.num_atoms != 1:
+            raise ValueError(
+                f"num_atoms={self.num_atoms}: distributional Q-learning is not supported by "
+                "GorilaDQN; use num_atoms=1"
+            )
+        if self.noisy:
+            raise ValueError("noisy=True is not supported by GorilaDQN (it explores by epsilon)")
+        if self.num_learners > 1:
+            raise ValueError(
+                f"num_learners={self.num_learners}: GorilaDQN has one central learner; "
+                "use num_learners=0 (learner in the driver) or 1 (its own actor, e.g. on a GPU)"
+            )
+        self.replay_config()  # raises ValueError naming a bad replay field
+
+    def replay_config(
+        self, *, placement_group: Any = None, bundle_indices: tuple[int, ...] | None = None
+    ) -> DistributedReplayConfig:
+        """The :class:`DistributedReplayConfig` these settings describe."""
+        return DistributedReplayConfig(
+            num_shards=self.replay_num_shards,
+            capacity=self.replay_capacity,
+            alpha=self.replay_alpha if self.replay_prioritized else 0.0,
+            eps=self.replay_eps,
+            min_size_to_sample=self.replay_min_size_to_sample,
+            samples_per_insert=self.replay_samples_per_insert,
+            error_buffer=self.replay_error_buffer,
+            prefetch=self.replay_prefetch,
+            num_cpus_per_shard=self.replay_num_cpus_per_shard,
+            placement_group=placement_group,
+            bundle_indices=bundle_indices,
+            snapshot_dir=self.replay_snapshot_dir,
+            snapshot_every_inserts=self.replay_snapshot_every_inserts,
+            seed=self.seed,
+        )
+
+    @property
+    def effective_beta(self) -> float:
+        """Importance-sampling exponent the learner uses (0 for uniform replay)."""
+        return self.replay_beta if self.replay_prioritized else 0.0
+
+    def get_default_learner_class(self):
+        from rllib_plugins.gorila_learner import GorilaDQNTorchLearner
+
+        if self.framework_str != "torch":
+            raise ValueError(f"GorilaDQN supports framework='torch' only, got {self.framework_str!r}")
+        return GorilaDQNTorchLearner
+
+
+def _check_int(name: str, value: Any, low: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < low:
+        raise ValueError(f"{name} must be an int >= {low}, got {value!r}")

@@ -1,0 +1,24 @@
+"""Register rl-dist-ext's algorithms with Tune and RLlib's algorithm registry (idempotent)."""
+
+from __future__ import annotations
+
+
+def _gorila_dqn():
+    from rllib_plugins.gorila import GorilaDQN
+
+    return GorilaDQN, GorilaDQN.get_default_config()
+
+
+ALGORITHMS = {"GorilaDQN": _gorila_dqn}
+
+
+def register_algorithms() -> None:
+    """Make ``tune.Tuner("GorilaDQN")``, ``get_trainable_cls("GorilaDQN")`` and
+    ``AlgorithmConfig(algo_class="GorilaDQN")`` work."""
+    from ray.rllib.algorithms import registry
+    from ray.tune.registry import register_trainable
+
+    for name, loader in ALGORITHMS.items():
+        registry.ALGORITHMS[name] = loader
+        registry.ALGORITHMS_CLASS_TO_NAME[loader()[0].__name__] = name
+        register_trainable(name, loader()[0])
