@@ -20,6 +20,8 @@ import numpy as np
 import ray
 from ray.rllib.algorithms.algorithm import Algorithm
 from ray.rllib.algorithms.dqn import DQN
+from ray.rllib.core import DEFAULT_MODULE_ID
+from ray.rllib.utils.numpy import convert_to_numpy
 from ray.rllib.utils.metrics import (
     ENV_RUNNER_RESULTS,
     LEARNER_RESULTS,
@@ -122,6 +124,7 @@ class GorilaDQN(DQN):
         if learned:
             with self.metrics.log_time((TIMERS, "gorila_learn")):
                 self._learn()
+            self._sync_local_module()
         else:  # nothing to learn from yet: let the runners fill the replay
             time.sleep(0.05)
         self._log_progress(replay_stats)
@@ -154,6 +157,16 @@ class GorilaDQN(DQN):
             lambda learner: learner.train_from_replay(updates, timesteps)
         )
         self.metrics.aggregate([r.get() for r in results.result_or_errors], key=LEARNER_RESULTS)
+
+    def _sync_local_module(self) -> None:
+        """Keep the driver's module (``algo.get_module()``) at the learner's weights."""
+        if self.env_runner is not None and self.env_runner.module is not None:
+            results = self.learner_group.foreach_learner(
+                lambda learner: convert_to_numpy(
+                    learner.module[DEFAULT_MODULE_ID].get_state(inference_only=True)
+                )
+            )
+            self.env_runner.module.set_state(results.result_or_errors[0].get())
 
     def _log_progress(self, replay_stats: dict[str, Any]) -> None:
         now = time.monotonic()
@@ -205,6 +218,7 @@ class GorilaDQN(DQN):
             self._replay.restore(str(replay_dir))
         if self._param_server is not None:
             self.learner_group.foreach_learner(lambda learner: learner.publish_weights())
+        self._sync_local_module()
 
 
 def _check_env_spaces(config: GorilaDQNConfig) -> None:

@@ -52,6 +52,8 @@ class GorilaDQNConfig(DQNConfig):
         self.train_batch_size_per_learner = 64
         self.num_env_runners = 2
         self.env_runner_cls = GorilaEnvRunner
+        # A second request queued per runner keeps it acting while the driver is learning.
+        self.max_requests_in_flight_per_env_runner = 2
         self.min_sample_timesteps_per_iteration = 1000
         self.min_time_s_per_iteration = None
         # The distributed replay replaces DQN's local one.

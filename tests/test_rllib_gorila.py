@@ -1,0 +1,242 @@
+"""GorilaDQN on RLlib: registration, config errors, epsilons, learning, Tune, checkpoints, faults."""
+
+from __future__ import annotations
+
+import time
+
+import gymnasium as gym
+import numpy as np
+import pytest
+import torch
+
+pytestmark = pytest.mark.ray
+
+ray = pytest.importorskip("ray")
+
+
+def small_config(**training):
+    from rllib_plugins import GorilaDQNConfig
+
+    settings = {
+        "lr": 1e-3,
+        "n_step": 3,
+        "target_update_every_n_updates": 250,
+        "weight_sync_every_n_steps": 200,
+        "env_steps_per_request": 64,
+        "updates_per_iteration": 32,
+    }
+    settings.update(training)
+    return (
+        GorilaDQNConfig()
+        .environment("CartPole-v1")
+        .env_runners(num_env_runners=2, num_cpus_per_env_runner=0.2, num_envs_per_env_runner=2)
+        .learners(num_learners=0)
+        .resources(num_cpus_for_main_process=0.5)
+        .training(**settings)
+        .replay(num_shards=2, capacity=20_000, min_size_to_sample=500, num_cpus_per_shard=0.1)
+        .reporting(min_sample_timesteps_per_iteration=500)
+        .debugging(seed=0)
+    )
+
+
+def greedy_return(module, episodes: int = 5, seed: int = 1000) -> float:
+    env = gym.make("CartPole-v1")
+    returns = []
+    for episode in range(episodes):
+        obs, _ = env.reset(seed=seed + episode)
+        done, total = False, 0.0
+        while not done:
+            with torch.no_grad():
+                out = module.forward_inference({"obs": torch.as_tensor(obs[None])})
+            obs, reward, terminated, truncated, _ = env.step(int(out["actions"][0]))
+            total += float(reward)
+            done = terminated or truncated
+        returns.append(total)
+    return float(np.mean(returns))
+
+
+def alive_actors() -> int:
+    from conftest import alive_actor_count
+
+    return alive_actor_count()
+
+
+@pytest.fixture(scope="module")
+def algo(ray_session):
+    algorithm = small_config().build_algo()
+    yield algorithm
+    algorithm.stop()
+
+
+def test_registered_with_tune_and_rllib(ray_session):
+    import rllib_plugins
+    from ray.rllib.algorithms import registry
+    from ray.rllib.algorithms.algorithm_config import AlgorithmConfig
+    from ray.tune.registry import get_trainable_cls
+
+    assert get_trainable_cls("GorilaDQN") is rllib_plugins.GorilaDQN
+    assert "GorilaDQN" in registry.ALGORITHMS
+    config = AlgorithmConfig(algo_class="GorilaDQN")
+    assert get_trainable_cls(config.algo_class) is rllib_plugins.GorilaDQN
+    assert isinstance(rllib_plugins.GorilaDQN.get_default_config(), rllib_plugins.GorilaDQNConfig)
+
+
+@pytest.mark.parametrize(
+    ("change", "match"),
+    [
+        (lambda c: c.training(target_update_every_n_updates=0), "target_update_every_n_updates"),
+        (lambda c: c.training(weight_sync_every_n_steps=-5), "weight_sync_every_n_steps"),
+        (lambda c: c.training(updates_per_iteration=1.5), "updates_per_iteration"),
+        (lambda c: c.training(epsilon_base=1.5), "epsilon_base"),
+        (lambda c: c.training(epsilon_alpha=-1.0), "epsilon_alpha"),
+        (lambda c: c.training(n_step=(1, 3)), "n_step"),
+        (lambda c: c.training(num_atoms=51), "num_atoms"),
+        (lambda c: c.training(noisy=True), "noisy"),
+        (lambda c: c.replay(alpha=-0.5), "alpha"),
+        (lambda c: c.replay(beta=2.0), "beta"),
+        (lambda c: c.replay(num_shards=0), "num_shards"),
+        (lambda c: c.replay(min_size_to_sample=10**9), "min_size_to_sample"),
+        (lambda c: c.env_runners(num_env_runners=0), "num_env_runners"),
+        (lambda c: c.learners(num_learners=2), "num_learners"),
+    ],
+)
+def test_bad_config_values_raise_on_validate(change, match):
+    config = change(small_config())
+    with pytest.raises(ValueError, match=match):
+        config.validate()
+
+
+@pytest.mark.parametrize(
+    ("env", "match"),
+    [("Pendulum-v1", "Discrete action space"), ("FrozenLake-v1", "Box observation space")],
+)
+def test_unsupported_env_spaces_raise_before_any_actor_starts(ray_session, env, match):
+    before = alive_actors()
+    with pytest.raises(ValueError, match=match):
+        small_config().environment(env).build_algo()
+    assert alive_actors() == before
+
+
+def test_impossible_resource_ask_raises_before_any_actor_starts(ray_session):
+    before = alive_actors()
+    config = small_config().env_runners(num_env_runners=8, num_cpus_per_env_runner=1)
+    with pytest.raises(ValueError, match="CPUs"):
+        config.build_algo()
+    assert alive_actors() == before
+
+
+def test_each_runner_keeps_its_apex_epsilon_across_weight_syncs(algo):
+    from rl_dist_ext.exploration import apex_epsilons
+
+    def epsilons():
+        return dict(
+            algo.env_runner_group.foreach_env_runner(
+                lambda r: (r.worker_index, r.module.epsilon_schedule.get_current_value()),
+                local_env_runner=False,
+            )
+        )
+
+    expected = {i + 1: eps for i, eps in enumerate(apex_epsilons(2))}
+    assert epsilons() == pytest.approx(expected)
+    result = algo.train()
+    assert epsilons() == pytest.approx(expected)
+    gorila = result["gorila"]
+    assert gorila["epsilon_runner_1"] == pytest.approx(0.4)
+    assert gorila["epsilon_runner_2"] == pytest.approx(0.4**8)
+    for key in ("env_steps_per_s", "replay_size", "replay_samples_per_insert", "policy_lag_mean"):
+        assert key in gorila
+
+
+def test_checkpoint_restores_weights_and_replay(algo, tmp_path):
+    for _ in range(2):
+        result = algo.train()
+    assert result["gorila"]["replay_size"] >= 500
+    path = algo.save_to_path(str(tmp_path / "ckpt"))
+    assert (tmp_path / "ckpt" / "replay" / "manifest.json").exists()
+    saved_stats = algo._replay.stats()
+    saved_weights = {k: v.clone() for k, v in algo.get_module().state_dict().items()}
+
+    restored = small_config().build_algo()
+    try:
+        restored.restore_from_path(path)
+        stats = restored._replay.stats()
+        assert stats["size_per_shard"] == saved_stats["size_per_shard"]
+        for key, value in restored.get_module().state_dict().items():
+            torch.testing.assert_close(value, saved_weights[key])
+        # Learning continues from there.
+        restored.train()
+        assert restored._replay.stats()["num_inserted"] > saved_stats["num_inserted"]
+    finally:
+        restored.stop()
+
+
+def test_checkpoint_without_replay(ray_session, tmp_path):
+    algorithm = small_config().replay(checkpoint=False).build_algo()
+    try:
+        algorithm.train()
+        algorithm.save_to_path(str(tmp_path / "ckpt"))
+        assert not (tmp_path / "ckpt" / "replay").exists()
+    finally:
+        algorithm.stop()
+
+
+def test_killed_env_runner_restarts_and_training_continues(ray_session):
+    algorithm = small_config().build_algo()
+    try:
+        algorithm.train()
+        victim = algorithm.env_runner_group._worker_manager._actors[1]
+        ray.kill(victim, no_restart=False)
+        steps_before = algorithm._replay.stats()["num_inserted"]
+        deadline = time.monotonic() + 120
+        healthy = 0
+        while time.monotonic() < deadline:
+            result = algorithm.train()
+            healthy = result["gorila"]["num_healthy_env_runners"]
+            if healthy == 2 and algorithm._replay.stats()["num_inserted"] > steps_before + 2000:
+                break
+        assert healthy == 2
+        # The restarted runner acts again (it got the replay handle back) with its own epsilon.
+        counts = dict(
+            algorithm.env_runner_group.foreach_env_runner(
+                lambda r: (r.worker_index, r._replay is not None),
+                local_env_runner=False,
+            )
+        )
+        assert counts == {1: True, 2: True}
+    finally:
+        algorithm.stop()
+
+
+@pytest.mark.slow
+def test_learns_cartpole_within_env_step_budget(ray_session):
+    """Greedy return >= 150 within 40k env steps (seed 0)."""
+    algorithm = small_config(updates_per_iteration=64).build_algo()
+    try:
+        env_steps = 0
+        while env_steps < 40_000:
+            result = algorithm.train()
+            env_steps = result["env_runners"]["num_env_steps_sampled_lifetime"]
+        score = greedy_return(algorithm.get_module())
+        assert score >= 150, f"greedy return {score} after {env_steps} env steps"
+    finally:
+        algorithm.stop()
+
+
+@pytest.mark.slow
+def test_tune_runs_two_trials_by_name(ray_session, tmp_path):
+    from ray import tune
+
+    config = small_config().training(lr=tune.grid_search([1e-3, 5e-4]))
+    tuner = tune.Tuner(
+        "GorilaDQN",
+        param_space=config,
+        run_config=tune.RunConfig(
+            stop={"training_iteration": 2}, storage_path=str(tmp_path), verbose=0
+        ),
+    )
+    results = tuner.fit()
+    assert len(results) == 2
+    assert not results.errors
+    for result in results:
+        assert result.metrics["training_iteration"] == 2
+        assert "gorila" in result.metrics
