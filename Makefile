@@ -17,7 +17,7 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 demo: $(STAMP)
-	$(PY) examples/demo.py
+	$(PY) examples/rllib_gorila_cartpole.py
 
 test: $(STAMP)
 	$(PY) -m pytest $(PYTEST_ARGS)
@@ -28,6 +28,7 @@ lint: $(STAMP)
 
 bench: $(STAMP)
 	$(PY) benchmarks/replay_bench.py
+	$(PY) benchmarks/distributed_replay_bench.py
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache

@@ -21,13 +21,13 @@ import ray
 from ray.rllib.algorithms.algorithm import Algorithm
 from ray.rllib.algorithms.dqn import DQN
 from ray.rllib.core import DEFAULT_MODULE_ID
-from ray.rllib.utils.numpy import convert_to_numpy
 from ray.rllib.utils.metrics import (
     ENV_RUNNER_RESULTS,
     LEARNER_RESULTS,
     NUM_ENV_STEPS_SAMPLED_LIFETIME,
     TIMERS,
 )
+from ray.rllib.utils.numpy import convert_to_numpy
 from ray.tune.execution.placement_groups import PlacementGroupFactory
 
 from rl_dist_ext.ray_actors import start_parameter_server
@@ -37,6 +37,7 @@ from rllib_plugins.gorila_config import GorilaDQNConfig
 log = logging.getLogger(__name__)
 
 ACT_TAG = "gorila_act"
+LEARN_CHUNK = 8  # gradient updates between two polls of the env runners
 REPLAY_DIR = "replay"
 
 
@@ -147,16 +148,25 @@ class GorilaDQN(DQN):
             self.metrics.aggregate(metrics, key=ENV_RUNNER_RESULTS)
 
     def _learn(self) -> None:
-        updates = self.config.updates_per_iteration
-        timesteps = {
-            NUM_ENV_STEPS_SAMPLED_LIFETIME: self.metrics.peek(
-                (ENV_RUNNER_RESULTS, NUM_ENV_STEPS_SAMPLED_LIFETIME), default=0
+        """``updates_per_iteration`` gradient updates, polling the runners between chunks.
+
+        Polling keeps every runner's request queue full while the learner works, so acting
+        never waits for a whole learning phase.
+        """
+        remaining = self.config.updates_per_iteration
+        while remaining > 0:
+            chunk = min(remaining, LEARN_CHUNK)
+            timesteps = {
+                NUM_ENV_STEPS_SAMPLED_LIFETIME: self.metrics.peek(
+                    (ENV_RUNNER_RESULTS, NUM_ENV_STEPS_SAMPLED_LIFETIME), default=0
+                )
+            }
+            results = self.learner_group.foreach_learner(
+                lambda learner, n=chunk, ts=timesteps: learner.train_from_replay(n, ts)
             )
-        }
-        results = self.learner_group.foreach_learner(
-            lambda learner: learner.train_from_replay(updates, timesteps)
-        )
-        self.metrics.aggregate([r.get() for r in results.result_or_errors], key=LEARNER_RESULTS)
+            self.metrics.aggregate([r.get() for r in results.result_or_errors], key=LEARNER_RESULTS)
+            remaining -= chunk
+            self._act()
 
     def _sync_local_module(self) -> None:
         """Keep the driver's module (``algo.get_module()``) at the learner's weights."""

@@ -203,7 +203,9 @@ class GorilaDQNConfig(DQNConfig):
         from rllib_plugins.gorila_learner import GorilaDQNTorchLearner
 
         if self.framework_str != "torch":
-            raise ValueError(f"GorilaDQN supports framework='torch' only, got {self.framework_str!r}")
+            raise ValueError(
+                f"GorilaDQN supports framework='torch' only, got {self.framework_str!r}"
+            )
         return GorilaDQNTorchLearner
 
 

@@ -102,9 +102,15 @@ class GorilaDQNTorchLearner(DQNTorchLearner):
                 self.publish_weights()
         elapsed = time.monotonic() - started
         self._sample_wait_s += wait
-        self.metrics.log_value((ALL_MODULES, "replay_sample_wait_fraction"), wait / elapsed, window=1)
-        self.metrics.log_value((ALL_MODULES, "gradient_updates_per_s"), num_updates / elapsed, window=1)
-        self.metrics.log_value((ALL_MODULES, "num_gradient_updates"), self.num_gradient_updates, window=1)
+        self.metrics.log_value(
+            (ALL_MODULES, "replay_sample_wait_fraction"), wait / elapsed, window=1
+        )
+        self.metrics.log_value(
+            (ALL_MODULES, "gradient_updates_per_s"), num_updates / elapsed, window=1
+        )
+        self.metrics.log_value(
+            (ALL_MODULES, "num_gradient_updates"), self.num_gradient_updates, window=1
+        )
         self.metrics.log_value((ALL_MODULES, "weights_version"), self.weights_version, window=1)
         return self.metrics.reduce()
 

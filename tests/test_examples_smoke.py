@@ -22,9 +22,9 @@ def run_script(*args: str, timeout: int = 240) -> str:
     return proc.stdout + proc.stderr
 
 
-def test_demo_trains_and_writes_checkpoint_and_curve(tmp_path):
+def test_core_example_trains_and_writes_checkpoint_and_curve(tmp_path):
     out = run_script(
-        "examples/demo.py",
+        "examples/core_apex_dqn_cartpole.py",
         "--env-steps",
         "1500",
         "--eval-every",
@@ -47,6 +47,42 @@ def test_demo_trains_and_writes_checkpoint_and_curve(tmp_path):
     replay = PrioritizedReplay(50_000, alpha=0.6)
     replay.load_state_dict(checkpoint["replay"])
     assert len(replay) == checkpoint["env_steps"]
+
+
+def test_rllib_gorila_example_trains_and_writes_checkpoint_and_curve(tmp_path):
+    out = run_script(
+        "examples/rllib_gorila_cartpole.py",
+        "--env-steps",
+        "3000",
+        "--eval-every",
+        "1500",
+        "--num-env-runners",
+        "2",
+        "--out",
+        str(tmp_path),
+    )
+    assert "final greedy evaluation return (10 episodes):" in out
+    assert "greedy evaluation return after" in out
+    assert (tmp_path / "checkpoint" / "replay" / "manifest.json").exists()
+    assert (tmp_path / "learning_curve.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_distributed_replay_bench_writes_json_and_table(tmp_path):
+    run_script(
+        "benchmarks/distributed_replay_bench.py",
+        "--seconds",
+        "1",
+        "--shards",
+        "1",
+        "--capacity",
+        "30000",
+        "--out",
+        str(tmp_path),
+    )
+    result = json.loads((tmp_path / "distributed_replay_bench.json").read_text())
+    assert set(result["results"]) == {"in-process PrioritizedReplay", "DistributedReplay, 1 shard"}
+    for row in result["results"].values():
+        assert row["SGD"]["cycles_per_s"] > 0
 
 
 def test_replay_bench_writes_json_and_table(tmp_path):

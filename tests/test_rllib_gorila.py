@@ -1,4 +1,4 @@
-"""GorilaDQN on RLlib: registration, config errors, epsilons, learning, Tune, checkpoints, faults."""
+"""GorilaDQN on RLlib: registration, config errors, epsilons, checkpoints, runner faults."""
 
 from __future__ import annotations
 
@@ -22,14 +22,14 @@ def small_config(**training):
         "n_step": 3,
         "target_update_every_n_updates": 250,
         "weight_sync_every_n_steps": 200,
-        "env_steps_per_request": 64,
+        "env_steps_per_request": 128,
         "updates_per_iteration": 32,
     }
     settings.update(training)
     return (
         GorilaDQNConfig()
         .environment("CartPole-v1")
-        .env_runners(num_env_runners=2, num_cpus_per_env_runner=0.2, num_envs_per_env_runner=2)
+        .env_runners(num_env_runners=2, num_cpus_per_env_runner=0.2, num_envs_per_env_runner=4)
         .learners(num_learners=0)
         .resources(num_cpus_for_main_process=0.5)
         .training(**settings)
@@ -69,10 +69,11 @@ def algo(ray_session):
 
 
 def test_registered_with_tune_and_rllib(ray_session):
-    import rllib_plugins
     from ray.rllib.algorithms import registry
     from ray.rllib.algorithms.algorithm_config import AlgorithmConfig
     from ray.tune.registry import get_trainable_cls
+
+    import rllib_plugins
 
     assert get_trainable_cls("GorilaDQN") is rllib_plugins.GorilaDQN
     assert "GorilaDQN" in registry.ALGORITHMS
@@ -205,38 +206,3 @@ def test_killed_env_runner_restarts_and_training_continues(ray_session):
         assert counts == {1: True, 2: True}
     finally:
         algorithm.stop()
-
-
-@pytest.mark.slow
-def test_learns_cartpole_within_env_step_budget(ray_session):
-    """Greedy return >= 150 within 40k env steps (seed 0)."""
-    algorithm = small_config(updates_per_iteration=64).build_algo()
-    try:
-        env_steps = 0
-        while env_steps < 40_000:
-            result = algorithm.train()
-            env_steps = result["env_runners"]["num_env_steps_sampled_lifetime"]
-        score = greedy_return(algorithm.get_module())
-        assert score >= 150, f"greedy return {score} after {env_steps} env steps"
-    finally:
-        algorithm.stop()
-
-
-@pytest.mark.slow
-def test_tune_runs_two_trials_by_name(ray_session, tmp_path):
-    from ray import tune
-
-    config = small_config().training(lr=tune.grid_search([1e-3, 5e-4]))
-    tuner = tune.Tuner(
-        "GorilaDQN",
-        param_space=config,
-        run_config=tune.RunConfig(
-            stop={"training_iteration": 2}, storage_path=str(tmp_path), verbose=0
-        ),
-    )
-    results = tuner.fit()
-    assert len(results) == 2
-    assert not results.errors
-    for result in results:
-        assert result.metrics["training_iteration"] == 2
-        assert "gorila" in result.metrics

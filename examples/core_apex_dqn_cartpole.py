@@ -1,8 +1,7 @@
-"""`make demo`: the most complete thing rl-dist-ext runs today.
+"""Ape-X-style double DQN on CartPole-v1 in one process, from rl-dist-ext's core pieces only.
 
-GorilaDQN (distributed actors, replay shards on Ray, RLlib/Tianshou adapters) is not built yet, so
-this demo trains an Ape-X-style double DQN on CartPole-v1 in one process from the pieces of the
-core: a vector of environments where env ``i`` explores with its own Ape-X epsilon
+No Ray and no framework: this example shows the pieces the adapters are built from, in one
+process: a vector of environments where env ``i`` explores with its own Ape-X epsilon
 (``rl_dist_ext.exploration.apex_epsilons``), rollouts folded into n-step transitions
 (``rl_dist_ext.ops.nstep``), initial priorities computed by the acting side from the TD error,
 the prioritized replay shard (``rl_dist_ext.replay.PrioritizedReplay``) and the shared
@@ -10,9 +9,9 @@ importance-weighted double-DQN loss (``rl_dist_ext.ops.priorities``). The target
 hard-updated every C gradient updates.
 
 It logs progress, prints the final greedy evaluation return, and writes a checkpoint (network,
-optimizer and the replay's contents) and a learning-curve PNG under ``runs/demo/``.
+optimizer and the replay's contents) and a learning-curve PNG under ``runs/core_apex_dqn/``.
 
-    .venv/bin/python examples/demo.py [--env-steps 60000] [--seed 0] [--out runs/demo]
+    .venv/bin/python examples/core_apex_dqn_cartpole.py [--env-steps 60000] [--seed 0]
 """
 
 from __future__ import annotations
@@ -137,7 +136,7 @@ def main() -> None:
     parser.add_argument("--learning-starts", type=int, default=1_000)
     parser.add_argument("--eval-every", type=int, default=5_000)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--out", type=Path, default=Path("runs/demo"))
+    parser.add_argument("--out", type=Path, default=Path("runs/core_apex_dqn"))
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S")
     torch.manual_seed(args.seed)
