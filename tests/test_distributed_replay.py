@@ -372,3 +372,20 @@ def test_bad_calls_raise(make_replay):
         replay.update_priorities(np.array([0.5]), np.array([1.0]))
     with pytest.raises(TypeError, match="DistributedReplayConfig"):
         DistributedReplay({"num_shards": 1})
+
+
+def test_shards_run_inside_a_placement_group(ray_session):
+    from ray.util.placement_group import placement_group, remove_placement_group
+
+    group = placement_group([{"CPU": 0.1}, {"CPU": 0.1}])
+    ray_session.get(group.ready(), timeout=60)
+    replay = DistributedReplay(config(num_shards=2, placement_group=group, bundle_indices=(1, 0)))
+    try:
+        replay.add(rows(0, 10))
+        replay.add(rows(10, 10))
+        replay.flush()
+        assert replay.stats()["size"] == 20
+        assert len(replay.sample(8).keys) == 8
+    finally:
+        replay.close()
+        remove_placement_group(group)
