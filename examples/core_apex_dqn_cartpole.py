@@ -3,7 +3,7 @@
 No Ray and no framework: this example shows the pieces the adapters are built from, in one
 process: a vector of environments where env ``i`` explores with its own Ape-X epsilon
 (``rl_dist_ext.exploration.apex_epsilons``), rollouts folded into n-step transitions
-(``rl_dist_ext.ops.nstep``), initial priorities computed by the acting side from the TD error,
+and initial priorities computed by the acting side (``rl_dist_ext.gorila``),
 the prioritized replay shard (``rl_dist_ext.replay.PrioritizedReplay``) and the shared
 importance-weighted double-DQN loss (``rl_dist_ext.ops.priorities``). The target network is
 hard-updated every C gradient updates.
@@ -28,7 +28,7 @@ import torch
 from torch import nn
 
 from rl_dist_ext.exploration import apex_epsilons
-from rl_dist_ext.ops.nstep import flatten_time_batch, fold_nstep
+from rl_dist_ext.gorila import nstep_batch_with_priorities
 from rl_dist_ext.ops.priorities import double_dqn_loss
 from rl_dist_ext.replay import PrioritizedReplay
 
@@ -167,11 +167,11 @@ def main() -> None:
         obs, rollout, finished = collect_rollout(envs, obs, online, epsilons, args.rollout, rng)
         env_steps += args.rollout * args.num_envs
         recent = (recent + finished)[-20:]
-        transitions = flatten_time_batch(fold_nstep(**rollout, gamma=args.gamma, n=args.n_step))
-        tensors = {k: torch.as_tensor(v) for k, v in transitions.items()}
-        with torch.no_grad():  # Ape-X: the acting side computes initial priorities
-            initial_td = dqn_loss(online, target, tensors).td_error.abs().numpy()
-        replay.add(transitions, priorities=initial_td)
+        # Ape-X: the acting side folds n-step transitions and computes initial priorities.
+        actor_batch = nstep_batch_with_priorities(
+            **rollout, gamma=args.gamma, n_step=args.n_step, q_values=online
+        )
+        replay.add(actor_batch.transitions, priorities=actor_batch.priorities)
 
         if len(replay) >= args.learning_starts:
             for _ in range(args.updates_per_rollout):

@@ -169,6 +169,14 @@ def test_checkpoint_restores_weights_and_replay(algo, tmp_path):
         assert restored._replay.stats()["num_inserted"] > saved_stats["num_inserted"]
     finally:
         restored.stop()
+    # RLlib's own entry point rebuilds the algorithm and its replay from the checkpoint.
+    from rllib_plugins import GorilaDQN
+
+    rebuilt = GorilaDQN.from_checkpoint(path)
+    try:
+        assert rebuilt._replay.stats()["size_per_shard"] == saved_stats["size_per_shard"]
+    finally:
+        rebuilt.stop()
 
 
 def test_checkpoint_without_replay(ray_session, tmp_path):
@@ -206,3 +214,56 @@ def test_killed_env_runner_restarts_and_training_continues(ray_session):
         assert counts == {1: True, 2: True}
     finally:
         algorithm.stop()
+
+
+@pytest.mark.parametrize("loss_type", ["huber", "mse"])
+def test_learner_loss_is_the_core_double_dqn_loss_with_weights(algo, loss_type):
+    from ray.rllib.core import DEFAULT_MODULE_ID
+    from ray.rllib.core.columns import Columns
+
+    from rl_dist_ext.ops.priorities import double_dqn_loss
+    from rllib_plugins.gorila_learner import DISCOUNTS, WEIGHTS
+
+    learner = algo.learner_group._learner
+    module = learner.module[DEFAULT_MODULE_ID]
+    config = learner.config.copy(copy_frozen=False).training(td_error_loss_fn=loss_type)
+    rng = np.random.default_rng(0)
+    batch = {
+        Columns.OBS: torch.as_tensor(rng.standard_normal((16, 4)), dtype=torch.float32),
+        Columns.NEXT_OBS: torch.as_tensor(rng.standard_normal((16, 4)), dtype=torch.float32),
+        Columns.ACTIONS: torch.as_tensor(rng.integers(0, 2, 16)),
+        Columns.REWARDS: torch.as_tensor(rng.standard_normal(16), dtype=torch.float32),
+        DISCOUNTS: torch.as_tensor(rng.choice([0.0, 0.97], 16), dtype=torch.float32),
+        WEIGHTS: torch.as_tensor(rng.uniform(0.1, 1.0, 16), dtype=torch.float32),
+    }
+    fwd_out = module.forward_train(batch)
+    loss = learner.compute_loss_for_module(
+        module_id=DEFAULT_MODULE_ID, config=config, batch=batch, fwd_out=fwd_out
+    )
+    from ray.rllib.algorithms.dqn.dqn_learner import (
+        QF_NEXT_PREDS,
+        QF_PREDS,
+        QF_TARGET_NEXT_PREDS,
+    )
+
+    direct = double_dqn_loss(
+        q_online_t=fwd_out[QF_PREDS],
+        actions=batch[Columns.ACTIONS],
+        rewards=batch[Columns.REWARDS],
+        discounts=batch[DISCOUNTS],
+        q_online_tp1=fwd_out[QF_NEXT_PREDS],
+        q_target_tp1=fwd_out[QF_TARGET_NEXT_PREDS],
+        weights=batch[WEIGHTS],
+        loss_type=loss_type,
+    )
+    torch.testing.assert_close(loss, direct.loss)
+    unweighted = double_dqn_loss(
+        q_online_t=fwd_out[QF_PREDS],
+        actions=batch[Columns.ACTIONS],
+        rewards=batch[Columns.REWARDS],
+        discounts=batch[DISCOUNTS],
+        q_online_tp1=fwd_out[QF_NEXT_PREDS],
+        q_target_tp1=fwd_out[QF_TARGET_NEXT_PREDS],
+        loss_type=loss_type,
+    )
+    assert not torch.allclose(loss, unweighted.loss)  # the weights are applied on this path

@@ -385,6 +385,8 @@ class DistributedReplay:
                 self._mark_down(shard, error)
                 if time.monotonic() > deadline:
                     raise ReplayUnavailable("no replay shard answered a sample in time") from error
+                if all(v.down_until > time.monotonic() for v in self._views):
+                    time.sleep(0.05)  # every shard is restarting: don't spin on failing calls
                 continue
             break
         self._counters.sample_wait_s += time.monotonic() - started
