@@ -267,3 +267,19 @@ def test_learner_loss_is_the_core_double_dqn_loss_with_weights(algo, loss_type):
         loss_type=loss_type,
     )
     assert not torch.allclose(loss, unweighted.loss)  # the weights are applied on this path
+
+
+def test_learner_in_its_own_actor(ray_session):
+    """num_learners=1: the learner actor samples the replay and publishes weights itself (the
+    layout a GPU learner uses; here on CPU)."""
+    algorithm = small_config().learners(num_learners=1, num_cpus_per_learner=0.3).build_algo()
+    try:
+        versions = []
+        for _ in range(3):
+            result = algorithm.train()
+            versions.append(result["gorila"]["learner_weights_version"])
+        assert versions[-1] > versions[0] > 0
+        assert result["learners"]["__all_modules__"]["num_gradient_updates"] > 0
+        assert result["gorila"]["policy_lag_mean"] >= 0
+    finally:
+        algorithm.stop()
