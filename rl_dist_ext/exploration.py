@@ -6,9 +6,9 @@ with ``N = 1`` the single actor uses ``base``.
 
 from __future__ import annotations
 
-import numbers
-
 import numpy as np
+
+from rl_dist_ext.validation import check_int
 
 
 def apex_epsilons(num_actors: int, base: float = 0.4, alpha: float = 7.0) -> np.ndarray:
@@ -18,10 +18,7 @@ def apex_epsilons(num_actors: int, base: float = 0.4, alpha: float = 7.0) -> np.
         ValueError: ``num_actors`` is not an int >= 1, ``base`` is outside ``[0, 1]`` or
             ``alpha`` is negative.
     """
-    if isinstance(num_actors, bool) or not isinstance(num_actors, numbers.Integral):
-        raise ValueError(f"num_actors must be an int >= 1, got {num_actors!r}")
-    if num_actors < 1:
-        raise ValueError(f"num_actors must be an int >= 1, got {num_actors!r}")
+    num_actors = check_int("num_actors", num_actors, 1)
     if not 0.0 <= base <= 1.0:
         raise ValueError(f"base must be in [0, 1], got {base!r}")
     if not alpha >= 0.0:

@@ -10,6 +10,8 @@ from __future__ import annotations
 import time
 from typing import Any, NamedTuple
 
+from rl_dist_ext.validation import check_int
+
 
 class VersionedWeights(NamedTuple):
     weights: Any
@@ -32,8 +34,7 @@ class ParameterServer:
         Returns:
             The version now held.
         """
-        if isinstance(version, bool) or not isinstance(version, int) or version < 0:
-            raise ValueError(f"version must be an int >= 0, got {version!r}")
+        version = check_int("version", version, 0)
         if self._latest is not None and version <= self._latest.version:
             raise ValueError(
                 f"version {version} is not newer than the held version {self._latest.version}"

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import numbers
 from typing import Any
 
 from ray.rllib.algorithms.dqn import DQNConfig
 from ray.rllib.utils.from_config import NotProvided
 
 from rl_dist_ext.replay.distributed import DistributedReplayConfig
+from rl_dist_ext.validation import check_int
 
 try:
     from typing import Self
@@ -149,10 +149,8 @@ class GorilaDQNConfig(DQNConfig):
             "train_batch_size_per_learner",
             "num_env_runners",
         ):
-            _check_int(name, getattr(self, name), 1)
-        if not isinstance(self.n_step, numbers.Integral) or isinstance(self.n_step, bool):
-            raise ValueError(f"n_step must be an int >= 1 for GorilaDQN, got {self.n_step!r}")
-        _check_int("n_step", self.n_step, 1)
+            check_int(name, getattr(self, name), 1)
+        check_int("n_step", self.n_step, 1)  # GorilaDQN folds a fixed n on the actors
         if not 0.0 <= self.epsilon_base <= 1.0:
             raise ValueError(f"epsilon_base must be in [0, 1], got {self.epsilon_base!r}")
         if not self.epsilon_alpha >= 0.0:
@@ -207,8 +205,3 @@ class GorilaDQNConfig(DQNConfig):
                 f"GorilaDQN supports framework='torch' only, got {self.framework_str!r}"
             )
         return GorilaDQNTorchLearner
-
-
-def _check_int(name: str, value: Any, low: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < low:
-        raise ValueError(f"{name} must be an int >= {low}, got {value!r}")

@@ -43,6 +43,7 @@ from rl_dist_ext.replay import snapshot
 from rl_dist_ext.replay.prioritized import ReplaySample
 from rl_dist_ext.replay.rate_limiter import RateLimit
 from rl_dist_ext.replay.shard import RateLimitTimeout, ShardSpec, ShardStatus
+from rl_dist_ext.validation import check_int
 
 log = logging.getLogger(__name__)
 
@@ -61,11 +62,6 @@ class ReplayTimeout(TimeoutError):
 
 class ReplayUnavailable(RuntimeError):
     """No replay shard is alive to serve a request."""
-
-
-def _int_at_least(name: str, value: Any, low: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < low:
-        raise ValueError(f"{name} must be an int >= {low}, got {value!r}")
 
 
 def _positive_or_none(name: str, value: Any) -> None:
@@ -102,17 +98,17 @@ class DistributedReplayConfig:
     seed: int | None = None
 
     def __post_init__(self) -> None:
-        _int_at_least("num_shards", self.num_shards, 1)
-        _int_at_least("capacity", self.capacity, self.num_shards)
+        check_int("num_shards", self.num_shards, 1)
+        check_int("capacity", self.capacity, self.num_shards)
         validate_alpha_eps(self.alpha, self.eps)
-        _int_at_least("min_size_to_sample", self.min_size_to_sample, 1)
+        check_int("min_size_to_sample", self.min_size_to_sample, 1)
         if self.min_size_to_sample > self.capacity:
             raise ValueError(
                 f"min_size_to_sample ({self.min_size_to_sample}) must be <= capacity "
                 f"({self.capacity}), or sampling could never start"
             )
-        _int_at_least("prefetch", self.prefetch, 1)
-        _int_at_least("max_in_flight_adds", self.max_in_flight_adds, 1)
+        check_int("prefetch", self.prefetch, 1)
+        check_int("max_in_flight_adds", self.max_in_flight_adds, 1)
         if not (isinstance(self.num_cpus_per_shard, numbers.Real) and self.num_cpus_per_shard >= 0):
             raise ValueError(f"num_cpus_per_shard must be >= 0, got {self.num_cpus_per_shard!r}")
         if self.bundle_indices is not None:
@@ -124,7 +120,7 @@ class DistributedReplayConfig:
                     f"got {self.bundle_indices!r}"
                 )
         if self.snapshot_every_inserts is not None:
-            _int_at_least("snapshot_every_inserts", self.snapshot_every_inserts, 1)
+            check_int("snapshot_every_inserts", self.snapshot_every_inserts, 1)
         _positive_or_none("snapshot_every_s", self.snapshot_every_s)
         if self.snapshot_dir is None and (
             self.snapshot_every_inserts is not None or self.snapshot_every_s is not None
@@ -136,7 +132,7 @@ class DistributedReplayConfig:
         _positive_or_none("start_timeout_s", self.start_timeout_s)
         _positive_or_none("retry_down_shard_after_s", self.retry_down_shard_after_s)
         if self.seed is not None:
-            _int_at_least("seed", self.seed, 0)
+            check_int("seed", self.seed, 0)
         self.rate_limit()  # validates samples_per_insert / error_buffer
 
     @property
@@ -359,7 +355,7 @@ class DistributedReplay:
             ``ReplaySample(batch, keys, weights)``: column -> ``[B, ...]``, ``[B]`` int64 global
             keys for :meth:`update_priorities`, ``[B]`` float32 weights in ``(0, 1]``.
         """
-        _int_at_least("batch_size", batch_size, 1)
+        check_int("batch_size", batch_size, 1)
         if not 0.0 <= beta <= 1.0:
             raise ValueError(f"beta must be in [0, 1], got {beta!r}")
         import ray

@@ -11,7 +11,6 @@ are raw magnitudes (typically ``|TD error|``); the shard stores ``(p + eps) ** a
 
 from __future__ import annotations
 
-import numbers
 from collections.abc import Mapping
 from typing import Any, NamedTuple
 
@@ -21,6 +20,7 @@ import numpy as np
 from rl_dist_ext.ops.priorities import td_priorities, validate_alpha_eps
 from rl_dist_ext.replay.storage import ColumnarStorage
 from rl_dist_ext.replay.sum_tree import SumTree
+from rl_dist_ext.validation import check_int
 
 STATE_FORMAT = 1
 
@@ -59,12 +59,8 @@ class PrioritizedReplay:
         eps: float = 1e-6,
         seed: int | None = None,
     ) -> None:
-        if isinstance(capacity, bool) or not isinstance(capacity, numbers.Integral):
-            raise ValueError(f"capacity must be an int >= 1, got {capacity!r}")
-        if capacity < 1:
-            raise ValueError(f"capacity must be an int >= 1, got {capacity!r}")
+        self._capacity = check_int("capacity", capacity, 1)
         validate_alpha_eps(alpha, eps)
-        self._capacity = int(capacity)
         self._alpha = float(alpha)
         self._eps = float(eps)
         self._storage = ColumnarStorage(self._capacity)
@@ -157,12 +153,7 @@ class PrioritizedReplay:
 
     def sample_items(self, batch_size: int) -> SampledItems:
         """Draw rows as :meth:`sample` does, returning stored priorities instead of weights."""
-        if type(batch_size) is not int and (
-            isinstance(batch_size, bool) or not isinstance(batch_size, numbers.Integral)
-        ):
-            raise ValueError(f"batch_size must be an int >= 1, got {batch_size!r}")
-        if batch_size < 1:
-            raise ValueError(f"batch_size must be an int >= 1, got {batch_size!r}")
+        batch_size = check_int("batch_size", batch_size, 1)
         if self._storage.num_inserted == 0:
             raise ValueError("cannot sample from an empty replay; add() transitions first")
         slots, priorities = self._tree.sample_stratified(self._rng.random(batch_size))

@@ -16,8 +16,9 @@ only enforces ``min_size_to_sample``.
 
 from __future__ import annotations
 
-import numbers
 from dataclasses import dataclass
+
+from rl_dist_ext.validation import check_int
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -29,16 +30,7 @@ class RateLimit:
     error_buffer: float | None = None
 
     def __post_init__(self) -> None:
-        if isinstance(self.min_size_to_sample, bool) or not isinstance(
-            self.min_size_to_sample, numbers.Integral
-        ):
-            raise ValueError(
-                f"min_size_to_sample must be an int >= 1, got {self.min_size_to_sample!r}"
-            )
-        if self.min_size_to_sample < 1:
-            raise ValueError(
-                f"min_size_to_sample must be an int >= 1, got {self.min_size_to_sample!r}"
-            )
+        check_int("min_size_to_sample", self.min_size_to_sample, 1)
         if self.samples_per_insert is not None and not self.samples_per_insert > 0:
             raise ValueError(
                 f"samples_per_insert must be > 0 or None, got {self.samples_per_insert!r}"

@@ -20,6 +20,8 @@ from __future__ import annotations
 import numba
 import numpy as np
 
+from rl_dist_ext.validation import check_int
+
 
 class SumTree:
     """Sum and min over ``capacity`` non-negative leaves, with batched update and search.
@@ -29,11 +31,7 @@ class SumTree:
     """
 
     def __init__(self, capacity: int) -> None:
-        if isinstance(capacity, bool) or not isinstance(capacity, (int, np.integer)):
-            raise ValueError(f"capacity must be an int >= 1, got {capacity!r}")
-        if capacity < 1:
-            raise ValueError(f"capacity must be an int >= 1, got {capacity!r}")
-        self._capacity = int(capacity)
+        self._capacity = check_int("capacity", capacity, 1)
         self._leaf_offset = 1 << max(0, (self._capacity - 1).bit_length())
         self._sum = np.zeros(2 * self._leaf_offset, dtype=np.float64)
         self._min = np.full(2 * self._leaf_offset, np.inf, dtype=np.float64)
