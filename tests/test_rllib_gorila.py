@@ -283,3 +283,27 @@ def test_learner_in_its_own_actor(ray_session):
         assert result["gorila"]["policy_lag_mean"] >= 0
     finally:
         algorithm.stop()
+
+
+def test_killed_replay_shard_is_survived_and_reported(ray_session, tmp_path):
+    algorithm = (
+        small_config()
+        .replay(snapshot_dir=str(tmp_path / "snapshots"), snapshot_every_inserts=500)
+        .build_algo()
+    )
+    try:
+        algorithm.train()
+        ray.kill(algorithm._replay.handles[0], no_restart=False)
+        inserted_before = algorithm._replay.stats()["num_inserted"]
+        failures = 0
+        for _ in range(6):
+            result = algorithm.train()
+            failures = max(failures, result["gorila"]["replay_shard_failures"])
+        stats = algorithm._replay.stats()
+        assert stats["shards_alive"] == 2
+        assert stats["num_inserted"] > inserted_before  # acting and learning went on
+        # The learner's client saw the failure (a failed call or a restarted incarnation).
+        assert failures >= 1 or stats["items_lost"] > 0
+        assert result["learners"]["__all_modules__"]["num_gradient_updates"] > 0
+    finally:
+        algorithm.stop()
