@@ -7,7 +7,7 @@ stops at ``--env-steps`` or once the greedy return reaches ``--target-return``, 
 final greedy return (10 episodes) and writes a checkpoint (including the replay) and a learning
 curve PNG under ``--out``. This is what ``make demo`` runs.
 
-    .venv/bin/python examples/rllib_gorila_cartpole.py [--env-steps 100000] [--seed 0]
+    .venv/bin/python examples/rllib_gorila_cartpole.py [--env-steps 300000] [--seed 0]
 """
 
 from __future__ import annotations
@@ -96,7 +96,7 @@ def build_config(args):
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--env", default="CartPole-v1")
-    parser.add_argument("--env-steps", type=int, default=100_000)
+    parser.add_argument("--env-steps", type=int, default=300_000)
     parser.add_argument("--num-env-runners", type=int, default=4)
     parser.add_argument("--num-envs-per-runner", type=int, default=4)
     parser.add_argument("--num-shards", type=int, default=2)
