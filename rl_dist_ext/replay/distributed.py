@@ -315,17 +315,13 @@ class DistributedReplay:
         if not self._adds:
             return
         if block:
-            ready, _ = ray.wait([self._adds[0][0]], timeout=self._reply_timeout_s)
-            if not ready:
-                raise ReplayTimeout(
-                    f"an add to replay shard {self._adds[0][1]} got no answer in "
-                    f"{self._reply_timeout_s}s"
-                )
+            self._wait_for_oldest(self._adds, "an add")
+        refs = [entry[0] for entry in self._adds]
+        done = set(ray.wait(refs, num_returns=len(refs), timeout=0)[0])
         pending = deque()
         for entry in self._adds:
             ref, shard, batch, priorities, rows = entry
-            done, _ = ray.wait([ref], timeout=0)
-            if not done:
+            if ref not in done:
                 pending.append(entry)
                 continue
             try:
@@ -446,12 +442,7 @@ class DistributedReplay:
         if not self._updates:
             return
         if block:
-            ready, _ = ray.wait([self._updates[0][0]], timeout=self._reply_timeout_s)
-            if not ready:
-                raise ReplayTimeout(
-                    f"a priority update to replay shard {self._updates[0][1]} got no answer "
-                    f"in {self._reply_timeout_s}s"
-                )
+            self._wait_for_oldest(self._updates, "a priority update")
         while self._updates:
             ref, shard, count = self._updates[0]
             done, _ = ray.wait([ref], timeout=0)
@@ -463,6 +454,16 @@ class DistributedReplay:
             except _actor_errors() as error:
                 self._mark_down(shard, error)
                 self._counters.priority_updates_lost += count
+
+    def _wait_for_oldest(self, queue: deque, what: str) -> None:
+        """Block until the oldest request in ``queue`` (``(ref, shard, ...)`` entries) is done."""
+        import ray
+
+        ref, shard = queue[0][0], queue[0][1]
+        if not ray.wait([ref], timeout=self._reply_timeout_s)[0]:
+            raise ReplayTimeout(
+                f"{what} to replay shard {shard} got no answer in {self._reply_timeout_s}s"
+            )
 
     # ---- health and stats ---------------------------------------------------------------------
     def refresh(self, *, timeout_s: float | None = None) -> list[ShardStatus | None]:
