@@ -29,6 +29,8 @@ import gymnasium as gym
 import ray
 import torch
 
+from rllib_plugins.evaluation import greedy_return
+
 RESULTS = Path(__file__).parent / "results"
 TARGET = 450.0
 
@@ -49,22 +51,6 @@ def make_env(name: str) -> gym.Env:
     if name == "SlowCartPole-v1":
         return SlowStep(gym.make("CartPole-v1"))
     return gym.make(name)
-
-
-def greedy_return(module, env_name: str, episodes: int, seed: int) -> float:
-    env = gym.make("CartPole-v1")  # evaluation needs no latency: same dynamics
-    total = 0.0
-    for episode in range(episodes):
-        obs, _ = env.reset(seed=seed + episode)
-        done = False
-        while not done:
-            with torch.no_grad():
-                out = module.forward_inference({"obs": torch.as_tensor(obs[None])})
-            obs, reward, terminated, truncated, _ = env.step(int(out["actions"][0]))
-            total += float(reward)
-            done = terminated or truncated
-    env.close()
-    return total / episodes
 
 
 def gorila_config(env: str, seed: int, runners: int):
@@ -152,9 +138,13 @@ def time_to_target(algo_name, env, seed, runners, max_seconds, eval_every_s) -> 
                 continue
             last_eval = trained
             module = algo.get_module()
-            screen = greedy_return(module, env, 2, seed=1_000 * seed)
+            # Evaluation needs no latency: SlowCartPole has CartPole's dynamics.
+            screen = greedy_return(module, "CartPole-v1", episodes=2, seed=1_000 * seed)
             best = max(best, screen)
-            if screen >= TARGET and greedy_return(module, env, 10, seed=7_000) >= TARGET:
+            if (
+                screen >= TARGET
+                and greedy_return(module, "CartPole-v1", episodes=10, seed=7_000) >= TARGET
+            ):
                 reached = trained
                 break
     finally:

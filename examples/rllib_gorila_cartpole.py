@@ -18,30 +18,12 @@ import os
 import time
 from pathlib import Path
 
-import gymnasium as gym
-import numpy as np
 import ray
 import torch
 
+from rllib_plugins.evaluation import greedy_return
+
 log = logging.getLogger("rllib_gorila_cartpole")
-
-
-def greedy_return(module, env_id: str, episodes: int, seed: int) -> float:
-    """Mean return of the greedy policy of an RLlib DQN module."""
-    env = gym.make(env_id)
-    returns = []
-    for episode in range(episodes):
-        obs, _ = env.reset(seed=seed + episode)
-        done, total = False, 0.0
-        while not done:
-            with torch.no_grad():
-                out = module.forward_inference({"obs": torch.as_tensor(obs[None])})
-            obs, reward, terminated, truncated, _ = env.step(int(out["actions"][0]))
-            total += float(reward)
-            done = terminated or truncated
-        returns.append(total)
-    env.close()
-    return float(np.mean(returns))
 
 
 def plot_curve(curve: list[tuple[int, float, float]], path: Path) -> None:
@@ -138,13 +120,15 @@ def main() -> None:
             )
             if env_steps >= next_eval:
                 next_eval += args.eval_every
-                greedy = greedy_return(algo.get_module(), args.env, 5, seed=10_000 + env_steps)
+                greedy = greedy_return(
+                    algo.get_module(), args.env, episodes=5, seed=10_000 + env_steps
+                )
                 curve.append((env_steps, train_return, greedy))
                 log.info("greedy evaluation return after %d env steps: %.1f", env_steps, greedy)
                 if greedy >= args.target_return:
                     log.info("target return %.0f reached", args.target_return)
                     break
-        final = greedy_return(algo.get_module(), args.env, 10, seed=123_456)
+        final = greedy_return(algo.get_module(), args.env, episodes=10, seed=123_456)
         args.out.mkdir(parents=True, exist_ok=True)
         checkpoint = algo.save_to_path(str((args.out / "checkpoint").resolve()))
         plot_curve(curve, args.out / "learning_curve.png")

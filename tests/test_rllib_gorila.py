@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import time
 
-import gymnasium as gym
 import numpy as np
 import pytest
 import torch
@@ -37,22 +36,6 @@ def small_config(**training):
         .reporting(min_sample_timesteps_per_iteration=500)
         .debugging(seed=0)
     )
-
-
-def greedy_return(module, episodes: int = 5, seed: int = 1000) -> float:
-    env = gym.make("CartPole-v1")
-    returns = []
-    for episode in range(episodes):
-        obs, _ = env.reset(seed=seed + episode)
-        done, total = False, 0.0
-        while not done:
-            with torch.no_grad():
-                out = module.forward_inference({"obs": torch.as_tensor(obs[None])})
-            obs, reward, terminated, truncated, _ = env.step(int(out["actions"][0]))
-            total += float(reward)
-            done = terminated or truncated
-        returns.append(total)
-    return float(np.mean(returns))
 
 
 def alive_actors() -> int:

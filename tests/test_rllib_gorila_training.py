@@ -7,7 +7,9 @@ before Tune asks for a placement group.
 from __future__ import annotations
 
 import pytest
-from test_rllib_gorila import greedy_return, small_config
+from test_rllib_gorila import small_config
+
+from rllib_plugins.evaluation import greedy_return
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
@@ -32,7 +34,12 @@ def test_learns_cartpole_within_env_step_budget(ray_session):
             env_steps = result["env_runners"]["num_env_steps_sampled_lifetime"]
             if env_steps >= next_eval:
                 next_eval += EVAL_EVERY_ENV_STEPS
-                scores.append((env_steps, greedy_return(algorithm.get_module())))
+                scores.append(
+                    (
+                        env_steps,
+                        greedy_return(algorithm.get_module(), "CartPole-v1", episodes=5, seed=1000),
+                    )
+                )
                 if scores[-1][1] >= 150:
                     break
     finally:
