@@ -3,16 +3,8 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import NamedTuple
 
 import numpy as np
-
-
-class ColumnSpec(NamedTuple):
-    """Shape (without the leading batch dim) and dtype of one column."""
-
-    shape: tuple[int, ...]
-    dtype: np.dtype
 
 
 class ColumnarStorage:
@@ -51,10 +43,6 @@ class ColumnarStorage:
         if multiples < 1:
             raise ValueError(f"multiples must be >= 1, got {multiples!r}")
         self._key_base += multiples * self._capacity
-
-    @property
-    def schema(self) -> dict[str, ColumnSpec]:
-        return {k: ColumnSpec(v.shape[1:], v.dtype) for k, v in self._columns.items()}
 
     @property
     def insert_ids(self) -> np.ndarray:
