@@ -60,3 +60,21 @@ def start_parameter_server(
     return RemoteParameterServer.options(
         **_placement(num_cpus, placement_group, bundle_index)
     ).remote()
+
+
+def start_restartable_actor(
+    cls: type,
+    *args: Any,
+    num_cpus: float,
+    placement_group: Any = None,
+    bundle_index: int = -1,
+    **kwargs: Any,
+) -> ray.actor.ActorHandle:
+    """Start a plain class as a Ray actor that Ray restarts (same arguments) when its process dies.
+
+    Calls in flight at the death fail (no retries), so the caller sees and counts the loss.
+    """
+    remote_cls = ray.remote(max_restarts=-1, max_task_retries=0)(cls)
+    return remote_cls.options(**_placement(num_cpus, placement_group, bundle_index)).remote(
+        *args, **kwargs
+    )

@@ -585,6 +585,17 @@ class DistributedReplay:
             self._views[shard] = _ShardView()
             self._observe(shard, status)
 
+    def clear(self) -> None:
+        """Drop every row in every shard; keys sampled before are stale from now on."""
+        import ray
+
+        self.flush()
+        self._samples.clear()
+        refs = [h.clear.remote() for h in self._handles]
+        for shard, status in enumerate(ray.get(refs, timeout=self._config.timeout_s)):
+            self._views[shard] = _ShardView()
+            self._observe(shard, status)
+
     def close(self) -> None:
         """Stop the shard actors (their snapshots stay on disk)."""
         import ray

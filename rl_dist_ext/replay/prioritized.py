@@ -199,6 +199,18 @@ class PrioritizedReplay:
         self._stale_updates += stale
         return stale
 
+    def clear(self) -> None:
+        """Drop every row. Keys handed out before never match a later row; counters go on.
+
+        ``num_inserted`` restarts at 0 (it counts the rows of this replay's current contents);
+        stale-update counts are kept.
+        """
+        next_id = self._storage.next_id
+        self._storage = ColumnarStorage(self._capacity)
+        self._storage.skip_ids(next_id // self._capacity + 1)
+        self._tree = SumTree(self._capacity)
+        self._max_priority = 1.0
+
     def invalidate_outstanding_keys(self, rng: np.random.Generator | None = None) -> None:
         """Make keys handed out by a lost copy of this replay unusable on this one.
 

@@ -147,6 +147,15 @@ class ReplayShardServer:
         await self._notify()
         return self.status()
 
+    async def clear(self) -> ShardStatus:
+        """Drop every row (a later snapshot overwrites the old one); see PrioritizedReplay.clear."""
+        self._replay.clear()
+        self._limiter.reset_balanced(0)
+        self._inserts_at_snapshot = 0
+        self._restored_num_inserted = 0
+        await self._notify()
+        return self.status()
+
     async def snapshot_now(self) -> ShardStatus:
         if self._spec.snapshot_uri is None:
             raise ValueError("this shard has no snapshot_uri configured")

@@ -1,0 +1,158 @@
+"""One Gorila actor: Tianshou's own ``Collector`` over ``M`` envs, pushing to the shared replay.
+
+A plain class (unit-testable without Ray); :class:`~tianshou_plugins.GorilaCollector` starts N of
+them as Ray actors. Each call of :meth:`GorilaActor.collect_and_push` pulls newer weights when
+``weight_sync_every_n_steps`` env steps have passed, collects ``steps_per_env`` steps from every
+env with the actor's own epsilon, folds them into n-step transitions with initial priorities from
+the local network (``rl_dist_ext.gorila``), and pushes them to the replay.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+import torch
+from tianshou.algorithm.algorithm_base import policy_within_training_step
+from tianshou.algorithm.modelfree.dqn import DiscreteQLearningPolicy
+from tianshou.data import Collector, VectorReplayBuffer
+from tianshou.env import DummyVectorEnv
+
+from rl_dist_ext.gorila import nstep_batch_with_priorities
+
+
+def q_values(model: torch.nn.Module, obs: torch.Tensor) -> torch.Tensor:
+    """``[N, A]`` Q-values of a Tianshou Q-network (``model(obs) -> (logits, state)``)."""
+    return model(obs, state=None, info={})[0]
+
+
+class GorilaActor:
+    """Acts with a local policy copy and epsilon ``epsilon``; see the module docstring.
+
+    Args:
+        policy: the learner's policy (a copy is kept, on the CPU).
+        env_factory: builds one environment.
+        num_envs: environments stepped by this actor (a ``DummyVectorEnv``).
+        epsilon: this actor's exploration rate.
+        gamma, n_step: discount and horizon of the n-step transitions.
+        replay: a ``DistributedReplay`` client.
+        weights_server: the ``ParameterServer`` actor handle.
+        weight_sync_every_n_steps: env steps between weight pulls.
+        steps_per_env: env steps per env in one :meth:`collect_and_push`.
+        actor_index: this actor's number (seeds and metrics).
+        seed: base seed.
+    """
+
+    def __init__(
+        self,
+        *,
+        policy: DiscreteQLearningPolicy,
+        env_factory: Callable[[], gym.Env],
+        num_envs: int,
+        epsilon: float,
+        gamma: float,
+        n_step: int,
+        replay: Any,
+        weights_server: Any,
+        weight_sync_every_n_steps: int,
+        steps_per_env: int,
+        actor_index: int,
+        seed: int | None = None,
+    ) -> None:
+        torch.set_num_threads(1)
+        self.actor_index = actor_index
+        self.epsilon = float(epsilon)
+        self._gamma = gamma
+        self._n_step = n_step
+        self._replay = replay
+        self._weights_server = weights_server
+        self._sync_every = weight_sync_every_n_steps
+        self._steps_per_env = steps_per_env
+        self._num_envs = num_envs
+        self.policy = copy.deepcopy(policy).to("cpu")
+        self.policy.set_eps_training(self.epsilon)
+        self.envs = DummyVectorEnv([env_factory] * num_envs)
+        if seed is not None:
+            base = seed + 10_000 * actor_index
+            np.random.seed(base)  # Tianshou's epsilon-greedy draws from numpy's global RNG
+            torch.manual_seed(base)
+            self.envs.seed([base + i for i in range(num_envs)])
+        self._buffer = VectorReplayBuffer(num_envs * steps_per_env, num_envs)
+        self._collector = Collector(self.policy, self.envs, self._buffer, exploration_noise=True)
+        self._collector.reset()
+        self.weights_version = -1
+        self._steps_since_pull = 0
+        self.env_steps = 0
+        self._pull_weights()
+
+    def ready(self) -> int:
+        """Answers once the constructor finished (envs built, weights pulled)."""
+        return self.actor_index
+
+    def reset_envs(self) -> tuple[np.ndarray, np.ndarray]:
+        """Start new episodes in every env; return their first observations and infos."""
+        return self._collector.reset_env()
+
+    def collect_and_push(self) -> dict[str, Any]:
+        """Collect ``num_envs * steps_per_env`` steps, fold, prioritise, push; return stats."""
+        if self._steps_since_pull >= self._sync_every:
+            self._pull_weights()
+        self._buffer.reset()
+        with policy_within_training_step(self.policy):
+            stats = self._collector.collect(n_step=self._num_envs * self._steps_per_env)
+        rollout = self._rollout()
+        batch = nstep_batch_with_priorities(
+            **rollout,
+            gamma=self._gamma,
+            n_step=self._n_step,
+            q_values=lambda obs: q_values(self.policy.model, obs),
+        )
+        for name, column in batch.transitions.items():
+            if column.dtype.kind == "f" and not np.isfinite(column).all():
+                raise ValueError(
+                    f"actor {self.actor_index}: the environment produced non-finite values in "
+                    f"{name!r}; nothing from this rollout was pushed to the replay"
+                )
+        self._replay.add(batch.transitions, batch.priorities)
+        steps = int(stats.n_collected_steps)
+        self._steps_since_pull += steps
+        self.env_steps += steps
+        return {
+            "actor_index": self.actor_index,
+            "env_steps": steps,
+            "episodes": int(stats.n_collected_episodes),
+            "returns": np.asarray(stats.returns, dtype=float),
+            "lens": np.asarray(stats.lens, dtype=int),
+            "weights_version": self.weights_version,
+            "epsilon": self.epsilon,
+        }
+
+    def _rollout(self) -> dict[str, np.ndarray]:
+        """The collected steps as ``[T, M]`` time-major arrays (env ``j`` in column ``j``)."""
+        steps = np.arange(self._steps_per_env)
+        per_env = [buf[steps] for buf in self._buffer.buffers]
+
+        def stack(name: str, dtype: Any = None) -> np.ndarray:
+            return np.stack([np.asarray(b[name], dtype=dtype) for b in per_env], axis=1)
+
+        return {
+            "obs": stack("obs", np.float32),
+            "actions": stack("act", np.int64),
+            "rewards": stack("rew", np.float32),
+            "next_obs": stack("obs_next", np.float32),
+            "terminated": stack("terminated", bool),
+            "truncated": stack("truncated", bool),
+        }
+
+    def _pull_weights(self) -> None:
+        import ray
+
+        latest = ray.get(self._weights_server.pull_if_newer.remote(self.weights_version))
+        self._steps_since_pull = 0
+        if latest is None:
+            return
+        self.policy.load_state_dict(latest.weights)
+        self.weights_version = latest.version

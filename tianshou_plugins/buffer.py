@@ -1,0 +1,200 @@
+"""``DistributedPrioritizedReplayBuffer``: the sharded Ape-X replay behind Tianshou's buffer API.
+
+The rows are n-step transitions folded by the actors (``rl_dist_ext.gorila.TRANSITION_COLUMNS``);
+the learner samples them with importance weights and sends back new priorities. The shard actors
+start on first use (:meth:`start`, called by :class:`~tianshou_plugins.GorilaCollector`), so a
+buffer can be configured, validated and handed around before anything runs.
+
+What Tianshou's trainer and algorithms call: ``sample(batch_size) -> (batch, indices)``,
+``update_weight(indices, new_weight)``, ``len()``, ``hasnull()``, ``reset()``. Checkpoints:
+:meth:`save` / :meth:`restore` (every shard's rows, priorities and counters).
+"""
+
+from __future__ import annotations
+
+import numbers
+from typing import Any
+
+import numpy as np
+import torch
+from tianshou.data import Batch
+
+from rl_dist_ext.replay.distributed import DistributedReplay, DistributedReplayConfig
+
+
+class DistributedPrioritizedReplayBuffer:
+    """A prioritized replay of ``capacity`` rows spread over ``num_shards`` Ray actors.
+
+    Args:
+        capacity: rows over all shards (split evenly).
+        num_shards: replay shard actors.
+        alpha: prioritization exponent (0 = uniform).
+        beta: importance-sampling exponent in [0, 1] (change it with :meth:`set_beta`).
+        eps: added to priorities so that none is zero.
+        min_size_to_sample: rows needed (over all shards) before sampling starts; ``sample``
+            waits until then.
+        samples_per_insert: keep sampled rows / inserted rows near this ratio (Reverb-style rate
+            limiter; ``None`` = no limit). ``error_buffer`` is the allowed slack.
+        prefetch: sample requests kept in flight by the learner.
+        num_cpus_per_shard: CPUs reserved per shard (fractional: shards mostly wait).
+        snapshot_dir, snapshot_every_inserts: periodic per-shard snapshots so that a restarted
+            shard comes back with its rows.
+        timeout_s: how long any replay call may wait (rate limiter included).
+        seed: seeds the shards' samplers.
+    """
+
+    def __init__(
+        self,
+        capacity: int = 100_000,
+        *,
+        num_shards: int = 2,
+        alpha: float = 0.6,
+        beta: float = 0.4,
+        eps: float = 1e-6,
+        min_size_to_sample: int = 1_000,
+        samples_per_insert: float | None = None,
+        error_buffer: float | None = None,
+        prefetch: int = 2,
+        num_cpus_per_shard: float = 0.1,
+        snapshot_dir: str | None = None,
+        snapshot_every_inserts: int | None = None,
+        timeout_s: float = 60.0,
+        seed: int | None = None,
+    ) -> None:
+        self._config = DistributedReplayConfig(
+            num_shards=num_shards,
+            capacity=capacity,
+            alpha=alpha,
+            eps=eps,
+            min_size_to_sample=min_size_to_sample,
+            samples_per_insert=samples_per_insert,
+            error_buffer=error_buffer,
+            prefetch=prefetch,
+            num_cpus_per_shard=num_cpus_per_shard,
+            snapshot_dir=snapshot_dir,
+            snapshot_every_inserts=snapshot_every_inserts,
+            timeout_s=timeout_s,
+            seed=seed,
+        )
+        self.set_beta(beta)
+        self._replay: DistributedReplay | None = None
+
+    # ---- lifecycle ----------------------------------------------------------------------------
+    @property
+    def config(self) -> DistributedReplayConfig:
+        return self._config
+
+    @property
+    def maxsize(self) -> int:
+        """Capacity over all shards (Tianshou's name)."""
+        return self._config.capacity
+
+    @property
+    def started(self) -> bool:
+        return self._replay is not None
+
+    def start(self) -> DistributedReplay:
+        """Start the shard actors (once); return the picklable client actors push through."""
+        if self._replay is None:
+            self._replay = DistributedReplay(self._config)
+        return self._replay
+
+    @property
+    def client(self) -> DistributedReplay:
+        if self._replay is None:
+            raise RuntimeError(
+                "the replay shards are not running: call start() (GorilaCollector does)"
+            )
+        return self._replay
+
+    def close(self) -> None:
+        """Stop the shard actors (snapshots stay on disk); ``start()`` makes fresh ones."""
+        if self._replay is not None:
+            self._replay.close()
+            self._replay = None
+
+    def __enter__(self) -> DistributedPrioritizedReplayBuffer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __reduce__(self):
+        raise TypeError(
+            "DistributedPrioritizedReplayBuffer holds live Ray actors and cannot be pickled; "
+            "checkpoint it with save(path) and load it with restore(path)"
+        )
+
+    # ---- Tianshou's buffer API ----------------------------------------------------------------
+    def __len__(self) -> int:
+        """Rows stored over all live shards (asks every shard)."""
+        if self._replay is None:
+            return 0
+        return sum(s.size for s in self._replay.refresh() if s is not None)
+
+    def set_beta(self, beta: float) -> None:
+        if not (isinstance(beta, numbers.Real) and 0.0 <= beta <= 1.0):
+            raise ValueError(f"beta must be in [0, 1], got {beta!r}")
+        self._beta = float(beta)
+
+    @property
+    def beta(self) -> float:
+        return self._beta
+
+    def sample(self, batch_size: int) -> tuple[Batch, np.ndarray]:
+        """A prioritized batch and its keys (pass them back to :meth:`update_weight`).
+
+        The batch has ``obs``, ``act``, ``rew`` (the n-step discounted reward sum),
+        ``discount`` (``gamma ** m``, 0 where the episode terminated inside the window),
+        ``obs_next`` (the observation ``m`` steps later) and ``weight`` (importance weights).
+        """
+        if batch_size is None or batch_size < 1:
+            raise ValueError(
+                f"batch_size must be >= 1 (a distributed replay cannot return all rows), "
+                f"got {batch_size!r}"
+            )
+        sample = self.client.sample(int(batch_size), beta=self._beta)
+        rows = sample.batch
+        batch = Batch(
+            obs=rows["obs"],
+            act=rows["action"],
+            rew=rows["reward"],
+            discount=rows["discount"],
+            obs_next=rows["next_obs"],
+            weight=sample.weights,
+        )
+        return batch, sample.keys
+
+    def update_weight(self, index: np.ndarray, new_weight: np.ndarray | torch.Tensor) -> None:
+        """New priorities ``|new_weight|`` (TD errors) for sampled keys ``index``."""
+        if isinstance(new_weight, torch.Tensor):
+            new_weight = new_weight.detach().cpu().numpy()
+        self.update_priorities(np.asarray(index), np.abs(np.asarray(new_weight, dtype=np.float64)))
+
+    def update_priorities(self, keys: np.ndarray, priorities: np.ndarray) -> None:
+        """New raw priorities for sampled ``keys`` (sent without waiting; stale keys dropped)."""
+        self.client.update_priorities(keys, priorities)
+
+    def hasnull(self) -> bool:
+        """Always False: actors reject non-finite rows before they are pushed."""
+        return False
+
+    def reset(self, keep_statistics: bool = False) -> None:
+        """Drop every row in every shard (``keep_statistics`` has nothing to keep here)."""
+        if self._replay is not None:
+            self._replay.clear()
+
+    # ---- checkpoints and metrics --------------------------------------------------------------
+    def save(self, path: str) -> None:
+        """Write every shard's rows, priorities and counters under ``path`` (dir or URI)."""
+        self.client.save(path)
+
+    def restore(self, path: str) -> None:
+        """Load :meth:`save` output (starts the shards if needed); shard layout must match."""
+        self.start().restore(path)
+
+    def stats(self) -> dict[str, Any]:
+        """The replay's sizes, rates, sampler wait and failure counts (see DistributedReplay)."""
+        if self._replay is None:
+            return {"size": 0, "num_shards": self._config.num_shards, "shards_alive": 0}
+        return self._replay.stats()
