@@ -27,6 +27,7 @@ class PoolStats:
     calls_submitted: int = 0
     calls_done: int = 0
     calls_lost: int = 0
+    calls_raised: int = 0  # the method raised: the error is re-raised to the caller
     failures_per_actor: list[int] = field(default_factory=list)
 
     @property
@@ -119,6 +120,9 @@ class ActorPool:
         except (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError) as error:
             self._lost(index, error)
             return None
+        except ray.exceptions.RayTaskError:
+            self.stats.calls_raised += 1
+            raise
         self.stats.calls_done += 1
         return PoolResult(index, value)
 

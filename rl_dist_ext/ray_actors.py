@@ -78,3 +78,30 @@ def start_restartable_actor(
     return remote_cls.options(**_placement(num_cpus, placement_group, bundle_index)).remote(
         *args, **kwargs
     )
+
+
+def start_inference_server(
+    policy_factory: Any,
+    config: Any,
+    *,
+    num_cpus: float = 1.0,
+    num_gpus: float = 0.0,
+    placement_group: Any = None,
+    bundle_index: int = -1,
+) -> ray.actor.ActorHandle:
+    """Start an :class:`~rl_dist_ext.inference.InferenceServer` as an async Ray actor.
+
+    With ``num_gpus > 0`` the policy is built on ``"cuda"`` (whatever ``config.device`` says).
+    A restarted server starts with the factory's initial weights (version -1) until the learner
+    sends weights again.
+    """
+    import dataclasses
+
+    from rl_dist_ext.inference import InferenceServer
+
+    if num_gpus > 0:
+        config = dataclasses.replace(config, device="cuda")
+    options = _placement(num_cpus, placement_group, bundle_index)
+    options["num_gpus"] = num_gpus
+    remote_cls = ray.remote(max_restarts=-1, max_task_retries=0)(InferenceServer)
+    return remote_cls.options(**options).remote(policy_factory, config)

@@ -16,3 +16,22 @@ def check_int(name: str, value: Any, low: int) -> int:
     if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < low:
         raise ValueError(f"{name} must be an int >= {low}, got {value!r}")
     return int(value)
+
+
+def check_real(
+    name: str, value: Any, *, low: float, high: float | None = None, strict: bool = False
+) -> float:
+    """Return ``float(value)``; raise ``ValueError`` naming ``name`` unless it is a real number
+    ``>= low`` (``> low`` when ``strict``) and ``<= high`` when ``high`` is given."""
+    ok = (
+        isinstance(value, numbers.Real)
+        and not isinstance(value, bool)
+        and (value > low if strict else value >= low)
+        and (high is None or value <= high)
+    )
+    if not ok:
+        bound = f"> {low}" if strict else f">= {low}"
+        if high is not None:
+            bound += f" and <= {high}"
+        raise ValueError(f"{name} must be a number {bound}, got {value!r}")
+    return float(value)

@@ -1,4 +1,4 @@
-"""Greedy evaluation of an RLlib Q-module outside RLlib's evaluation runners."""
+"""Greedy evaluation of an RLlib module (Q-module or policy) outside RLlib's evaluation runners."""
 
 from __future__ import annotations
 
@@ -11,8 +11,9 @@ def greedy_return(module, env_id: str, *, episodes: int, seed: int) -> float:
     """Mean return of ``module``'s greedy (``forward_inference``) policy over ``episodes``.
 
     Args:
-        module: an RLlib RLModule whose ``forward_inference`` returns ``"actions"``, e.g.
-            ``algo.get_module()`` of a GorilaDQN or DQN algorithm.
+        module: an RLlib RLModule over a Discrete action space whose ``forward_inference``
+            returns ``"actions"`` (Q-modules: GorilaDQN, DQN) or ``"action_dist_inputs"``
+            (policy modules: VTrace, APPO, IMPALA; the most likely action is taken).
         env_id: a gymnasium env id.
         episodes: number of episodes; episode ``i`` is reset with ``seed + i``.
     """
@@ -25,7 +26,11 @@ def greedy_return(module, env_id: str, *, episodes: int, seed: int) -> float:
             while not done:
                 with torch.no_grad():
                     out = module.forward_inference({"obs": torch.as_tensor(obs[None])})
-                obs, reward, terminated, truncated, _ = env.step(int(out["actions"][0]))
+                if "actions" in out:
+                    action = int(out["actions"][0])
+                else:
+                    action = int(out["action_dist_inputs"][0].argmax())
+                obs, reward, terminated, truncated, _ = env.step(action)
                 total += float(reward)
                 done = terminated or truncated
             returns.append(total)

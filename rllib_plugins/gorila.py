@@ -32,6 +32,7 @@ from ray.tune.execution.placement_groups import PlacementGroupFactory
 
 from rl_dist_ext.ray_actors import start_parameter_server
 from rl_dist_ext.replay.distributed import DistributedReplay
+from rllib_plugins.central_inference import InferenceServerClient
 from rllib_plugins.gorila_config import GorilaDQNConfig
 
 log = logging.getLogger(__name__)
@@ -50,12 +51,14 @@ class GorilaDQN(DQN):
 
     @classmethod
     def default_resource_request(cls, config) -> PlacementGroupFactory:
-        """RLlib's bundles plus one ``{"CPU": num_cpus_per_shard}`` bundle per replay shard."""
+        """RLlib's bundles, one ``{"CPU": num_cpus_per_shard}`` bundle per replay shard and, in
+        SEED mode, one for the inference server (last)."""
         base = super().default_resource_request(config)
         config = cls.get_default_config().update_from_dict(config)
         shard = {"CPU": config.replay_num_cpus_per_shard}
+        server = [config.inference_server_bundle()] if config.central_inference_enabled else []
         return PlacementGroupFactory(
-            bundles=[*base.bundles, *[shard] * config.replay_num_shards],
+            bundles=[*base.bundles, *[shard] * config.replay_num_shards, *server],
             strategy=base.strategy,
         )
 
@@ -65,17 +68,33 @@ class GorilaDQN(DQN):
         _check_cluster_fits(config)
         self._replay: DistributedReplay | None = None
         self._param_server = None
+        self._inference: InferenceServerClient | None = None
         super().setup(config)
         try:
             placement_group = ray.util.get_current_placement_group()
             bundle_indices = None
+            server_bundle = -1
             if placement_group is not None:
-                first = len(placement_group.bundle_specs) - config.replay_num_shards
+                server_bundle = len(placement_group.bundle_specs) - 1
+                first = server_bundle + 1 - config.replay_num_shards
+                first -= int(config.central_inference_enabled)
                 bundle_indices = tuple(range(first, first + config.replay_num_shards))
             self._param_server = start_parameter_server()
             self._replay = DistributedReplay(
                 config.replay_config(placement_group=placement_group, bundle_indices=bundle_indices)
             )
+            if config.central_inference_enabled:
+                self._inference = InferenceServerClient(
+                    module_spec=config.get_rl_module_spec(
+                        spaces=self.env_runner_group.get_spaces(), inference_only=True
+                    ),
+                    kind="q",
+                    server_config=config.inference_server_config(),
+                    num_cpus=config.central_inference_num_cpus,
+                    num_gpus=config.central_inference_num_gpus,
+                    placement_group=placement_group,
+                    bundle_index=server_bundle,
+                )
             self._connect_learner()
             self._connect_env_runners(None)
         except BaseException:
@@ -86,13 +105,13 @@ class GorilaDQN(DQN):
         self._last_iteration = (time.monotonic(), 0)
 
     def _connect_learner(self) -> None:
-        replay, params = self._replay, self._param_server
-        self.learner_group.foreach_learner(lambda learner: learner.connect(replay, params))
+        replay, params, server = self._replay, self._param_server, self._inference_handle()
+        self.learner_group.foreach_learner(lambda learner: learner.connect(replay, params, server))
 
     def _connect_env_runners(self, runner_ids: list[int] | None) -> None:
-        replay, params = self._replay, self._param_server
+        replay, params, server = self._replay, self._param_server, self._inference_handle()
         self.env_runner_group.foreach_env_runner(
-            lambda runner: runner.connect(replay, params),
+            lambda runner: runner.connect(replay, params, server),
             remote_worker_ids=runner_ids,
             local_env_runner=False,
         )
@@ -105,7 +124,13 @@ class GorilaDQN(DQN):
             self._connect_env_runners(restored)
         return restored
 
+    def _inference_handle(self):
+        return None if self._inference is None else self._inference.handle
+
     def cleanup(self) -> None:
+        inference, self._inference = getattr(self, "_inference", None), None
+        if inference is not None:
+            inference.close()
         if getattr(self, "_replay", None) is not None:
             self._replay.close()
             self._replay = None
@@ -205,6 +230,8 @@ class GorilaDQN(DQN):
         for runner_id, epsilon in sorted(self._runner_epsilons.items()):
             gorila[f"epsilon_runner_{runner_id}"] = epsilon
         self.metrics.log_dict(gorila, key="gorila", window=1)
+        if self._inference is not None:
+            self.metrics.log_dict(self._inference.stats(), key="central_inference", window=1)
 
     def _learner_weights_version(self) -> int:
         results = self.learner_group.foreach_learner(lambda learner: learner.weights_version)

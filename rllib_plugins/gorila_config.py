@@ -9,6 +9,7 @@ from ray.rllib.utils.from_config import NotProvided
 
 from rl_dist_ext.replay.distributed import DistributedReplayConfig
 from rl_dist_ext.validation import check_int
+from rllib_plugins.central_inference import CentralInferenceSettingsMixin
 
 try:
     from typing import Self
@@ -16,7 +17,7 @@ except ImportError:  # Python 3.10
     from typing_extensions import Self
 
 
-class GorilaDQNConfig(DQNConfig):
+class GorilaDQNConfig(CentralInferenceSettingsMixin, DQNConfig):
     """Configuration of :class:`rllib_plugins.GorilaDQN`.
 
     On top of :class:`~ray.rllib.algorithms.dqn.DQNConfig` (``lr``, ``gamma``, ``n_step``,
@@ -31,6 +32,10 @@ class GorilaDQNConfig(DQNConfig):
     - ``.replay(num_shards=2, capacity=100_000, prioritized=True, alpha=0.6, beta=0.4,
       samples_per_insert=None, ...)``: the distributed replay (see
       :class:`rl_dist_ext.replay.distributed.DistributedReplayConfig`).
+    - ``.central_inference(enabled=False, max_batch_size=64, max_wait_ms=2.0, num_cpus=1.0,
+      num_gpus=0.0)``: SEED mode. Runners send observations to one inference server that
+      returns Q-values; each runner still applies its own epsilon and computes initial
+      priorities from the server's Q-values. Weights go to the server, not to the runners.
 
     Example::
 
@@ -58,6 +63,7 @@ class GorilaDQNConfig(DQNConfig):
         self.min_time_s_per_iteration = None
         # The distributed replay replaces DQN's local one.
         self.replay_buffer_config = {"type": "EpisodeReplayBuffer", "no_local_replay_buffer": True}
+        self._init_central_inference(enabled=False)
         # Gorila / Ape-X.
         self.target_update_every_n_updates = 500
         self.weight_sync_every_n_steps = 400
@@ -170,6 +176,7 @@ class GorilaDQNConfig(DQNConfig):
                 "use num_learners=0 (learner in the driver) or 1 (its own actor, e.g. on a GPU)"
             )
         self.replay_config()  # raises ValueError naming a bad replay field
+        self.validate_central_inference()
 
     def replay_config(
         self, *, placement_group: Any = None, bundle_indices: tuple[int, ...] | None = None

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import ray
+import torch
 from ray.rllib.algorithms.dqn.dqn_learner import QF_PREDS
 from ray.rllib.core.columns import Columns
 from ray.rllib.env.single_agent_env_runner import SingleAgentEnvRunner
@@ -11,6 +12,7 @@ from ray.rllib.utils.schedules.scheduler import Scheduler
 
 from rl_dist_ext.exploration import apex_epsilons
 from rl_dist_ext.gorila import nstep_batch_with_priorities
+from rllib_plugins.central_inference import CentralInferenceRunnerMixin
 
 
 def episodes_to_rollout(episodes) -> dict[str, np.ndarray]:
@@ -54,7 +56,7 @@ def episodes_to_rollout(episodes) -> dict[str, np.ndarray]:
     }
 
 
-class GorilaEnvRunner(SingleAgentEnvRunner):
+class GorilaEnvRunner(CentralInferenceRunnerMixin, SingleAgentEnvRunner):
     """Acts with its own Ape-X epsilon and pushes prioritized n-step transitions to the replay.
 
     ``connect(replay, parameter_server)`` hands it the replay client and the weights server; the
@@ -83,17 +85,22 @@ class GorilaEnvRunner(SingleAgentEnvRunner):
                 fixed_value_or_schedule=self.epsilon, framework="torch"
             )
 
-    def connect(self, replay, parameter_server) -> int:
+    def connect(self, replay, parameter_server, inference_server=None) -> int:
+        """Hand over the replay, the weights server and, in SEED mode, the inference server."""
         self._replay = replay
         self._weights_server = parameter_server
-        self._pull_weights()
+        if inference_server is not None:
+            self.connect_inference_server(inference_server)
+        else:
+            self._pull_weights()
         return self.worker_index
 
     def collect_and_push(self, num_steps: int) -> dict:
         """Step the envs ``num_steps`` times, fold n-step, prioritise and push to the replay."""
         if self._replay is None:
             raise RuntimeError("GorilaEnvRunner.connect() must be called before acting")
-        if self._steps_since_pull >= self.config.weight_sync_every_n_steps:
+        central = self._inference_server is not None
+        if not central and self._steps_since_pull >= self.config.weight_sync_every_n_steps:
             self._pull_weights()
         episodes = self.sample(num_timesteps=num_steps, explore=True)
         rollout = episodes_to_rollout(episodes)
@@ -108,6 +115,9 @@ class GorilaEnvRunner(SingleAgentEnvRunner):
             batch.transitions, batch.priorities if self.config.replay_prioritized else None
         )
         self._steps_since_pull += steps
+        if central:  # the weights that acted are the server's
+            self.weights_version = int(np.mean(self._versions_used)) if self._versions_used else -1
+            self._versions_used.clear()
         return {
             "metrics": self.get_metrics(),
             "env_steps": steps,
@@ -117,7 +127,18 @@ class GorilaEnvRunner(SingleAgentEnvRunner):
         }
 
     def _q_values(self, obs):
+        if self._inference_server is not None:  # SEED mode: the server holds the weights
+            return torch.as_tensor(self._infer(obs)["q_values"])
         return self.module.compute_q_values({Columns.OBS: obs.to(self._device)})[QF_PREDS]
+
+    def _to_env_outputs(self, outputs, *, explore: bool) -> dict:
+        """SEED mode: greedy actions from the server's Q-values, then this runner's epsilon."""
+        actions = outputs["actions"]
+        if explore:
+            random_actions = np.random.randint(outputs["q_values"].shape[-1], size=actions.shape)
+            explore_mask = np.random.random(actions.shape) < self.epsilon
+            actions = np.where(explore_mask, random_actions, actions)
+        return {Columns.ACTIONS: torch.as_tensor(actions)}
 
     def _pull_weights(self) -> None:
         latest = ray.get(self._weights_server.pull_if_newer.remote(self.weights_version))

@@ -57,16 +57,19 @@ class GorilaDQNTorchLearner(DQNTorchLearner):
         super().build()
         self._replay = None
         self._weights_server = None
+        self._inference_server = None
         self._last_td_error: dict[str, torch.Tensor] = {}
         self.num_gradient_updates = 0
         self.weights_version = 0
         self._sample_wait_s = 0.0
 
     # ---- wiring -------------------------------------------------------------------------------
-    def connect(self, replay, parameter_server) -> int:
-        """Hand over the replay client and the weights server; publish the current weights."""
+    def connect(self, replay, parameter_server, inference_server=None) -> int:
+        """Hand over the replay client, the weights server and (SEED mode) the inference
+        server; publish the current weights."""
         self._replay = replay
         self._weights_server = parameter_server
+        self._inference_server = inference_server
         self.publish_weights()
         return self.weights_version
 
@@ -75,6 +78,8 @@ class GorilaDQNTorchLearner(DQNTorchLearner):
 
         self.weights_version += 1
         state = convert_to_numpy(self.module[DEFAULT_MODULE_ID].get_state(inference_only=True))
+        if self._inference_server is not None:  # fire and forget; stale versions are ignored
+            self._inference_server.set_weights.remote(state, self.weights_version)
         ray.get(self._weights_server.publish.remote(state, self.weights_version))
         return self.weights_version
 

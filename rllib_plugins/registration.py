@@ -9,12 +9,18 @@ def _gorila_dqn():
     return GorilaDQN, GorilaDQN.get_default_config()
 
 
-ALGORITHMS = {"GorilaDQN": _gorila_dqn}
+def _vtrace():
+    from rllib_plugins.vtrace import VTrace
+
+    return VTrace, VTrace.get_default_config()
+
+
+ALGORITHMS = {"GorilaDQN": _gorila_dqn, "VTrace": _vtrace}
 
 
 def register_algorithms() -> None:
-    """Make ``tune.Tuner("GorilaDQN")``, ``get_trainable_cls("GorilaDQN")`` and
-    ``AlgorithmConfig(algo_class="GorilaDQN")`` work."""
+    """Make ``tune.Tuner(name)``, ``get_trainable_cls(name)`` and
+    ``AlgorithmConfig(algo_class=name)`` work for ``"GorilaDQN"`` and ``"VTrace"``."""
     from ray.rllib.algorithms import registry
     from ray.tune.registry import register_trainable
 

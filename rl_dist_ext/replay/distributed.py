@@ -368,6 +368,9 @@ class DistributedReplay:
             try:
                 reply = ray.get(ref, timeout=max(0.0, deadline - time.monotonic()))
             except RateLimitTimeout:
+                # The other prefetched requests waited as long and most likely timed out too; a
+                # later call must not get their stale timeouts once rows have arrived.
+                self._samples.clear()
                 raise
             except ray.exceptions.GetTimeoutError:
                 raise ReplayTimeout(

@@ -1,0 +1,247 @@
+"""SEED-style central inference (Espeholt et al. 2020, "SEED RL", arXiv:1910.06591).
+
+Actors only step environments. Every step each actor sends its observations to one
+:class:`InferenceServer`, which queues requests from all actors, runs the current policy once per
+batch (up to ``max_batch_size`` observations, or whatever arrived within ``max_wait_ms`` of the
+oldest queued request), and answers each request with its rows of the outputs plus the weight
+version used. The learner sends weights to the server only (:meth:`InferenceServer.set_weights`).
+
+A plain class with ``async`` methods (an asyncio event loop batches concurrent calls); it runs and
+is tested without Ray, and ``rl_dist_ext.ray_actors.start_inference_server`` makes it an async
+Ray actor. The policy is framework-agnostic: ``policy_factory(device)`` returns an object with
+``__call__(obs: np.ndarray) -> dict[str, np.ndarray]`` (batch-major outputs, ``"actions"``
+among them), ``set_weights(weights)`` and ``is_recurrent``. Recurrent policies are rejected:
+per-(actor, env) state on the server is not implemented.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, NamedTuple, Protocol
+
+import numpy as np
+
+from rl_dist_ext.validation import check_int, check_real
+
+
+class InferencePolicy(Protocol):
+    is_recurrent: bool
+
+    def __call__(self, obs: np.ndarray) -> dict[str, np.ndarray]: ...
+
+    def set_weights(self, weights: Any) -> None: ...
+
+
+@dataclass(frozen=True, kw_only=True)
+class InferenceServerConfig:
+    """Batching and placement settings, validated when built.
+
+    ``max_batch_size`` counts observations (rows), not requests; a request larger than it runs
+    as its own batch. ``device`` is handed to the policy factory (``"cuda"`` when the server
+    actor was given a GPU, else ``"cpu"``).
+    """
+
+    max_batch_size: int = 64
+    max_wait_ms: float = 2.0
+    device: str = "cpu"
+    latency_window: int = 4096
+
+    def __post_init__(self) -> None:
+        check_int("max_batch_size", self.max_batch_size, 1)
+        check_real("max_wait_ms", self.max_wait_ms, low=0.0)
+        check_int("latency_window", self.latency_window, 1)
+        if not isinstance(self.device, str) or not self.device:
+            raise ValueError(f"device must be a torch device string, got {self.device!r}")
+
+
+class InferenceReply(NamedTuple):
+    outputs: dict[str, np.ndarray]  # name -> [N, ...] rows of this request, in request order
+    version: int  # weight version that computed them (-1 = initial weights)
+    queue_ms: float  # time the request waited before its batch ran
+
+
+@dataclass
+class _Request:
+    caller: str
+    obs: np.ndarray
+    future: asyncio.Future
+    enqueued: float
+
+
+class InferenceServer:
+    """Batches observation requests from many callers; see the module docstring.
+
+    Args:
+        policy_factory: ``device -> InferencePolicy``.
+        config: an :class:`InferenceServerConfig`.
+    """
+
+    def __init__(
+        self,
+        policy_factory: Callable[[str], InferencePolicy],
+        config: InferenceServerConfig | None = None,
+    ) -> None:
+        self._config = config if config is not None else InferenceServerConfig()
+        if not isinstance(self._config, InferenceServerConfig):
+            raise TypeError(
+                f"config must be an InferenceServerConfig, got {type(self._config).__name__}"
+            )
+        self._policy = policy_factory(self._config.device)
+        if getattr(self._policy, "is_recurrent", False):
+            raise ValueError(
+                "central inference does not support recurrent policies (the server keeps no "
+                "per-(actor, env) state); use local inference for this module"
+            )
+        self._version = -1
+        self._queue: deque[_Request] = deque()
+        self._rows_queued = 0
+        self._wake: asyncio.Event | None = None
+        self._batcher: asyncio.Task | None = None
+        self._callers: dict[str, int] = {}
+        self._latencies_ms: deque[float] = deque(maxlen=self._config.latency_window)
+        self._started = time.monotonic()
+        self._num_requests = 0
+        self._num_rows = 0
+        self._num_batches = 0
+        self._num_caller_restarts = 0
+        self._num_stale_weights = 0
+        self._weights_set_at = self._started
+
+    # ---- callers ------------------------------------------------------------------------------
+    async def register(self, caller: str) -> int:
+        """Announce ``caller`` (e.g. ``"runner-3"``); a caller registering again was restarted.
+
+        Returns:
+            How many times ``caller`` registered before (0 for a new caller).
+        """
+        seen = self._callers.get(caller, -1) + 1
+        self._callers[caller] = seen
+        if seen:
+            self._num_caller_restarts += 1
+        return seen
+
+    async def infer(self, caller: str, obs: np.ndarray) -> InferenceReply:
+        """The policy's outputs for ``obs`` (``[N, *obs_shape]``), batched with other callers."""
+        obs = np.asarray(obs)
+        if obs.ndim < 1 or obs.shape[0] < 1:
+            raise ValueError(f"obs must be [N, ...] with N >= 1, got shape {obs.shape}")
+        loop = asyncio.get_running_loop()
+        if self._wake is None or self._batcher is None or self._batcher.done():
+            self._wake = asyncio.Event()
+            self._batcher = loop.create_task(self._batch_loop())
+        request = _Request(caller, obs, loop.create_future(), time.monotonic())
+        self._queue.append(request)
+        self._rows_queued += obs.shape[0]
+        self._wake.set()
+        return await request.future
+
+    # ---- weights ------------------------------------------------------------------------------
+    async def set_weights(self, weights: Any, version: int) -> int:
+        """Use ``weights`` from the next batch on; returns the version now held.
+
+        Pushes are fire-and-forget and an async actor may run them out of order, so a version
+        that is not newer than the held one is ignored (and counted), never applied.
+        """
+        version = check_int("version", version, 0)
+        if version <= self._version:
+            self._num_stale_weights += 1
+            return self._version
+        self._policy.set_weights(weights)
+        self._version = version
+        self._weights_set_at = time.monotonic()
+        return version
+
+    async def get_version(self) -> int:
+        return self._version
+
+    # ---- metrics ------------------------------------------------------------------------------
+    async def stats(self) -> dict[str, float]:
+        elapsed = max(time.monotonic() - self._started, 1e-9)
+        latencies = np.asarray(self._latencies_ms, dtype=float)
+        p50, p99 = np.percentile(latencies, [50, 99]) if latencies.size else (0.0, 0.0)
+        batches = max(self._num_batches, 1)
+        return {
+            "version": self._version,
+            "requests_per_s": self._num_requests / elapsed,
+            "num_requests": self._num_requests,
+            "num_batches": self._num_batches,
+            "mean_batch_requests": self._num_requests / batches,
+            "mean_batch_rows": self._num_rows / batches,
+            "batch_fill": self._num_rows / batches / self._config.max_batch_size,
+            "queue_ms_p50": float(p50),
+            "queue_ms_p99": float(p99),
+            "num_callers": len(self._callers),
+            "caller_restarts": self._num_caller_restarts,
+            "stale_weights_ignored": self._num_stale_weights,
+            "seconds_since_weights": time.monotonic() - self._weights_set_at,
+        }
+
+    # ---- the batching loop --------------------------------------------------------------------
+    async def _batch_loop(self) -> None:
+        max_rows = self._config.max_batch_size
+        max_wait = self._config.max_wait_ms / 1000.0
+        while True:
+            while not self._queue:
+                self._wake.clear()
+                await self._wake.wait()
+            deadline = self._queue[0].enqueued + max_wait
+            while self._rows_queued < max_rows:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    break
+                self._wake.clear()
+                try:
+                    await asyncio.wait_for(self._wake.wait(), remaining)
+                except asyncio.TimeoutError:
+                    break
+            self._run_batch(self._take_batch(max_rows))
+
+    def _take_batch(self, max_rows: int) -> list[_Request]:
+        batch = [self._queue.popleft()]
+        rows = batch[0].obs.shape[0]
+        while self._queue and rows + self._queue[0].obs.shape[0] <= max_rows:
+            request = self._queue.popleft()
+            rows += request.obs.shape[0]
+            batch.append(request)
+        self._rows_queued -= rows
+        return batch
+
+    def _run_batch(self, batch: list[_Request]) -> None:
+        started = time.monotonic()
+        live = [r for r in batch if not r.future.cancelled()]
+        if not live:
+            return
+        try:
+            obs = np.concatenate([r.obs for r in live])
+            outputs = self._policy(obs)
+            rows = obs.shape[0]
+            for name, value in outputs.items():
+                if np.shape(value)[:1] != (rows,):
+                    raise ValueError(
+                        f"policy output {name!r} has shape {np.shape(value)}, expected "
+                        f"[{rows}, ...] (one row per observation)"
+                    )
+        except Exception as error:  # every caller of the batch gets the error, none hangs
+            for request in live:
+                request.future.set_exception(error)
+            return
+        start = 0
+        for request in live:
+            n = request.obs.shape[0]
+            queue_ms = (started - request.enqueued) * 1000.0
+            request.future.set_result(
+                InferenceReply(
+                    {k: np.asarray(v[start : start + n]) for k, v in outputs.items()},
+                    self._version,
+                    queue_ms,
+                )
+            )
+            self._latencies_ms.append(queue_ms)
+            start += n
+        self._num_requests += len(live)
+        self._num_rows += start
+        self._num_batches += 1

@@ -1,0 +1,210 @@
+"""``VTrace``: IMPALA with the shared V-trace learner and SEED central inference.
+
+``VTraceConfig`` extends RLlib's ``IMPALAConfig`` (same async sampling, learner group, connectors):
+
+- the learner is :class:`~rllib_plugins.vtrace_learner.VTraceTorchLearner`
+  (``rl_dist_ext.ops.vtrace``; ``.training(vtrace_clip_rho_threshold=...,
+  vtrace_clip_pg_rho_threshold=..., vtrace_lambda=...)``);
+- ``.central_inference(enabled=True, max_batch_size=..., max_wait_ms=..., num_cpus=...,
+  num_gpus=...)`` (default: enabled): SEED mode. Env runners only step envs; one
+  :class:`~rl_dist_ext.inference.InferenceServer` (its own bundle in the algorithm's placement
+  group; on a GPU when ``num_gpus > 0``) batches their observations, samples the actions and
+  returns their log-probs. The learner's weights go to the server after every training step and
+  never to the runners. With ``enabled=False`` runners infer locally (IMPALA mode).
+
+Metrics in ``train()`` results under ``"central_inference"``: server requests/s, mean batch size
+and fill, queueing latency p50/p99, weights version and policy lag (server version minus the
+mean version the runners' last samples were acted with).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import gymnasium as gym
+import ray
+import torch
+from ray.rllib.algorithms.impala import IMPALA, IMPALAConfig
+from ray.rllib.core.columns import Columns
+from ray.rllib.env.single_agent_env_runner import SingleAgentEnvRunner
+from ray.rllib.utils.from_config import NotProvided
+from ray.rllib.utils.metrics import (
+    ALL_MODULES,
+    ENV_RUNNER_RESULTS,
+    LEARNER_RESULTS,
+    NUM_ENV_STEPS_TRAINED_LIFETIME,
+    NUM_TRAINING_STEP_CALLS_SINCE_LAST_SYNCH_WORKER_WEIGHTS,
+)
+from ray.tune.execution.placement_groups import PlacementGroupFactory
+
+from rl_dist_ext.validation import check_real
+from rllib_plugins.central_inference import (
+    WEIGHTS_VERSION_USED,
+    CentralInferenceRunnerMixin,
+    CentralInferenceSettingsMixin,
+    InferenceServerClient,
+)
+
+log = logging.getLogger(__name__)
+
+METRICS_KEY = "central_inference"
+
+
+class VTraceEnvRunner(CentralInferenceRunnerMixin, SingleAgentEnvRunner):
+    """RLlib's env runner; in SEED mode its actions and log-probs come from the server."""
+
+    def _to_env_outputs(self, outputs, *, explore: bool) -> dict:
+        if not explore:
+            return {Columns.ACTIONS: torch.as_tensor(outputs["greedy_actions"])}
+        return {
+            Columns.ACTIONS: torch.as_tensor(outputs["actions"]),
+            Columns.ACTION_LOGP: torch.as_tensor(outputs["action_logp"]),
+            Columns.ACTION_DIST_INPUTS: torch.as_tensor(outputs["action_dist_inputs"]),
+        }
+
+    def sample(self, *args: Any, **kwargs: Any):
+        episodes = super().sample(*args, **kwargs)
+        self.log_versions_used()
+        return episodes
+
+
+class VTraceConfig(CentralInferenceSettingsMixin, IMPALAConfig):
+    """IMPALA's config with the V-trace learner and SEED central inference (see module doc)."""
+
+    def __init__(self, algo_class: type | None = None) -> None:
+        super().__init__(algo_class=algo_class or VTrace)
+        self.vtrace_lambda = 1.0
+        self.env_runner_cls = VTraceEnvRunner
+        self._init_central_inference(enabled=True)
+
+    def get_default_learner_class(self):
+        from rllib_plugins.vtrace_learner import VTraceTorchLearner
+
+        return VTraceTorchLearner
+
+    def training(self, *, vtrace_lambda: float = NotProvided, **kwargs: Any):
+        """IMPALA's ``training()`` settings plus ``vtrace_lambda`` (trace factor in [0, 1])."""
+        super().training(**kwargs)
+        if vtrace_lambda is not NotProvided:
+            self.vtrace_lambda = vtrace_lambda
+        return self
+
+    def validate(self) -> None:
+        super().validate()
+        check_real("vtrace_lambda", self.vtrace_lambda, low=0.0, high=1.0)
+        for name in ("vtrace_clip_rho_threshold", "vtrace_clip_pg_rho_threshold"):
+            check_real(name, getattr(self, name), low=0.0, strict=True)
+        if not self.in_evaluation:
+            self.validate_central_inference()
+
+
+class VTrace(IMPALA):
+    """IMPALA with the shared V-trace learner and SEED central inference."""
+
+    @classmethod
+    def get_default_config(cls) -> VTraceConfig:
+        return VTraceConfig()
+
+    @classmethod
+    def default_resource_request(cls, config) -> PlacementGroupFactory:
+        """RLlib's bundles plus one for the inference server (when enabled)."""
+        base = super().default_resource_request(config)
+        config = cls.get_default_config().update_from_dict(config)
+        if not config.central_inference_enabled:
+            return base
+        return PlacementGroupFactory(
+            bundles=[*base.bundles, config.inference_server_bundle()], strategy=base.strategy
+        )
+
+    def setup(self, config: VTraceConfig) -> None:
+        self._inference: InferenceServerClient | None = None
+        if config.central_inference_enabled:
+            _check_discrete_actions(config)
+        super().setup(config)
+        if not config.central_inference_enabled:
+            return
+        try:
+            placement_group = ray.util.get_current_placement_group()
+            bundle = -1 if placement_group is None else len(placement_group.bundle_specs) - 1
+            self._inference = InferenceServerClient(
+                module_spec=self.config.get_rl_module_spec(
+                    spaces=self.env_runner_group.get_spaces(), inference_only=True
+                ),
+                kind="policy",
+                server_config=config.inference_server_config(),
+                num_cpus=config.central_inference_num_cpus,
+                num_gpus=config.central_inference_num_gpus,
+                placement_group=placement_group,
+                bundle_index=bundle,
+            )
+            self._inference.push_weights(self.learner_group)
+            self._connect_runners(None)
+        except BaseException:
+            self.cleanup()
+            raise
+
+    def _connect_runners(self, runner_ids: list[int] | None) -> None:
+        server = self._inference.handle
+        self.env_runner_group.foreach_env_runner(
+            lambda runner: runner.connect_inference_server(server),
+            remote_worker_ids=runner_ids,
+            local_env_runner=False,
+        )
+
+    def training_step(self) -> None:
+        if self._inference is None:
+            return super().training_step()
+        # SEED mode: the runners hold no weights, so IMPALA never broadcasts them; the
+        # learner's weights go to the inference server instead, after every step.
+        self._counters[NUM_TRAINING_STEP_CALLS_SINCE_LAST_SYNCH_WORKER_WEIGHTS] = 0
+        trained = self._env_steps_trained()
+        super().training_step()
+        if self._env_steps_trained() > trained:  # the learner updated: new weights
+            self._inference.push_weights(self.learner_group)
+        version = self._inference.version
+        stats = self._inference.stats()
+        used = self.metrics.peek((ENV_RUNNER_RESULTS, WEIGHTS_VERSION_USED), default=float("nan"))
+        stats["policy_lag"] = version - float(used)  # nan until a runner reported
+        self.metrics.log_dict(stats, key=METRICS_KEY, window=1)
+
+    def _env_steps_trained(self) -> float:
+        key = (LEARNER_RESULTS, ALL_MODULES, NUM_ENV_STEPS_TRAINED_LIFETIME)
+        return float(self.metrics.peek(key, default=0))
+
+    def restore_env_runners(self, env_runner_group) -> list[int]:
+        restored = super().restore_env_runners(env_runner_group)
+        if restored and env_runner_group is self.env_runner_group and self._inference:
+            log.warning("env runners %s restarted; reconnecting them to the server", restored)
+            self._connect_runners(restored)
+        return restored
+
+    def restore_from_path(self, *args: Any, **kwargs: Any) -> None:
+        super().restore_from_path(*args, **kwargs)
+        if getattr(self, "_inference", None) is not None:
+            self._inference.push_weights(self.learner_group)
+
+    def cleanup(self) -> None:
+        inference, self._inference = getattr(self, "_inference", None), None
+        super().cleanup()  # runners first, so none is mid-request when the server goes
+        if inference is not None:
+            inference.close()
+
+
+def _check_discrete_actions(config: VTraceConfig) -> None:
+    """Central inference samples from a categorical distribution: Discrete actions only."""
+    env = config.env
+    if not isinstance(env, str):
+        return  # an env class or creator: checked when the runners report their spaces
+    try:
+        probe = gym.make(env)
+    except gym.error.Error:
+        return  # a Tune-registered name: RLlib builds it; nothing to check here
+    try:
+        if not isinstance(probe.action_space, gym.spaces.Discrete):
+            raise ValueError(
+                f"central_inference(enabled=True) supports Discrete action spaces only; "
+                f"{env!r} has {probe.action_space!r}. Use central_inference(enabled=False)."
+            )
+    finally:
+        probe.close()

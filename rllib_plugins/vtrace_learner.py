@@ -1,0 +1,81 @@
+"""The V-trace learner: RLlib's IMPALA learner with the loss computed by ``rl_dist_ext.ops.vtrace``.
+
+Same batch layout as RLlib's IMPALA (episodes cut into ``rollout_fragment_length`` rows with one
+extra bootstrap step, ``LOSS_MASK`` marking real steps); the V-trace targets and advantages come
+from :func:`rl_dist_ext.ops.vtrace.vtrace_from_log_probs` (Espeholt et al. 2018), with the rho,
+pg-rho thresholds and the trace factor lambda configurable. Loss = policy-gradient term
++ ``vf_loss_coeff`` x value term + entropy coefficient x entropy term, each a mean over real steps.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from ray.rllib.algorithms.impala.torch.impala_torch_learner import IMPALATorchLearner
+from ray.rllib.algorithms.impala.torch.vtrace_torch_v2 import make_time_major
+from ray.rllib.core.columns import Columns
+from ray.rllib.core.learner.learner import ENTROPY_KEY
+
+from rl_dist_ext.ops.vtrace import vtrace_from_log_probs
+
+
+class VTraceTorchLearner(IMPALATorchLearner):
+    """IMPALA's learner whose loss calls the shared V-trace core."""
+
+    def compute_loss_for_module(self, *, module_id, config, batch, fwd_out) -> torch.Tensor:
+        module = self.module[module_id].unwrapped()
+        length = config.get_rollout_fragment_length()
+        seq_lens = batch.get("seq_lens")
+
+        def time_major(x: torch.Tensor) -> torch.Tensor:
+            return make_time_major(x, trajectory_len=length, recurrent_seq_len=seq_lens)
+
+        mask = batch[Columns.LOSS_MASK].float()
+        mask_tm = time_major(mask)
+        num_real = mask.sum()
+        dist = module.get_train_action_dist_cls().from_logits(fwd_out[Columns.ACTION_DIST_INPUTS])
+        target_logp_tm = time_major(dist.logp(batch[Columns.ACTIONS]))
+        values_tm = time_major(
+            module.compute_values(batch, embeddings=fwd_out.get(Columns.EMBEDDINGS))
+        )
+        # Row b's bootstrap is the first value of row b+1 (rows are consecutive pieces); the last
+        # row's bootstrap is never used because its extra step has discount 0 (mask 0).
+        bootstrap = torch.cat([values_tm[0][1:], values_tm[0][:1]], dim=0)
+        terminated_tm = time_major(batch[Columns.TERMINATEDS]).float()
+        discounts_tm = (1.0 - terminated_tm) * config.gamma * mask_tm
+        targets = vtrace_from_log_probs(
+            behaviour_log_probs=time_major(batch[Columns.ACTION_LOGP]),
+            target_log_probs=target_logp_tm,
+            discounts=discounts_tm,
+            rewards=time_major(batch[Columns.REWARDS]),
+            values=values_tm.detach(),
+            bootstrap_value=bootstrap.detach(),
+            clip_rho_threshold=config.vtrace_clip_rho_threshold,
+            clip_pg_rho_threshold=config.vtrace_clip_pg_rho_threshold,
+            lambda_=config.vtrace_lambda,
+        )
+        pi_loss = -(target_logp_tm * targets.pg_advantages * mask_tm).sum() / num_real
+        vf_loss = 0.5 * ((values_tm - targets.vs) ** 2 * mask_tm).sum() / num_real
+        entropy = (dist.entropy() * mask).sum() / num_real
+        entropy_coeff = self.entropy_coeff_schedulers_per_module[module_id].get_current_value()
+        total = pi_loss + config.vf_loss_coeff * vf_loss - entropy_coeff * entropy
+        self.metrics.log_dict(
+            {
+                "mean_pi_loss": pi_loss,
+                "mean_vf_loss": vf_loss,
+                ENTROPY_KEY: entropy,
+                "mean_rho": _mean_rho(
+                    target_logp_tm, time_major(batch[Columns.ACTION_LOGP]), mask_tm
+                ),
+            },
+            key=module_id,
+            window=1,
+        )
+        return total
+
+
+def _mean_rho(target_logp: torch.Tensor, behaviour_logp: torch.Tensor, mask: torch.Tensor) -> Any:
+    """Mean importance ratio pi/mu over real steps (1.0 = no policy lag)."""
+    with torch.no_grad():
+        return ((target_logp - behaviour_logp).exp() * mask).sum() / mask.sum()

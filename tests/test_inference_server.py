@@ -1,0 +1,169 @@
+"""InferenceServer (SEED central inference) without Ray: batching, ordering, versions, errors."""
+
+from __future__ import annotations
+
+import asyncio
+
+import numpy as np
+import pytest
+
+from rl_dist_ext.inference import InferenceServer, InferenceServerConfig
+
+
+class _LinearPolicy:
+    """actions = argmax(obs @ W); records every batch it ran."""
+
+    is_recurrent = False
+
+    def __init__(self, device: str) -> None:
+        self.device = device
+        self.weights = np.eye(3)
+        self.batches: list[int] = []
+
+    def __call__(self, obs: np.ndarray) -> dict[str, np.ndarray]:
+        self.batches.append(obs.shape[0])
+        q = obs @ self.weights
+        return {"actions": q.argmax(axis=1), "q_values": q, "row_sum": obs.sum(axis=1)}
+
+    def set_weights(self, weights) -> None:
+        self.weights = np.asarray(weights)
+
+
+def _server(**kwargs) -> InferenceServer:
+    return InferenceServer(_LinearPolicy, InferenceServerConfig(**kwargs))
+
+
+def test_concurrent_callers_are_batched_and_each_gets_its_own_rows_once():
+    server = _server(max_batch_size=64, max_wait_ms=20.0)
+    rng = np.random.default_rng(0)
+    requests = [rng.normal(size=(int(rng.integers(1, 5)), 3)) for _ in range(40)]
+
+    async def main():
+        return await asyncio.gather(
+            *(server.infer(f"actor-{i}", obs) for i, obs in enumerate(requests))
+        )
+
+    replies = asyncio.run(main())
+    assert len(replies) == len(requests)
+    for obs, reply in zip(requests, replies, strict=True):
+        np.testing.assert_allclose(reply.outputs["row_sum"], obs.sum(axis=1))
+        np.testing.assert_array_equal(reply.outputs["actions"], obs.argmax(axis=1))
+        assert reply.version == -1
+        assert reply.queue_ms >= 0.0
+    policy = server._policy
+    assert sum(policy.batches) == sum(len(o) for o in requests)  # every row exactly once
+    assert max(policy.batches) <= 64
+    assert len(policy.batches) < len(requests)  # requests really were batched
+    stats = asyncio.run(server.stats())
+    assert stats["num_requests"] == len(requests)
+    assert stats["mean_batch_requests"] > 1.0
+    assert 0.0 < stats["batch_fill"] <= 1.0
+
+
+def test_a_full_batch_runs_without_waiting_for_the_timeout():
+    server = _server(max_batch_size=4, max_wait_ms=10_000.0)
+
+    async def main():
+        return await asyncio.wait_for(
+            asyncio.gather(*(server.infer("a", np.ones((1, 3))) for _ in range(8))), timeout=5.0
+        )
+
+    replies = asyncio.run(main())
+    assert len(replies) == 8
+    assert server._policy.batches == [4, 4]
+
+
+def test_a_lone_request_is_answered_after_max_wait():
+    server = _server(max_batch_size=1_000, max_wait_ms=5.0)
+    reply = asyncio.run(asyncio.wait_for(server.infer("a", np.ones((2, 3))), timeout=5.0))
+    assert reply.outputs["actions"].shape == (2,)
+    assert server._policy.batches == [2]
+
+
+def test_an_oversized_request_runs_as_its_own_batch():
+    server = _server(max_batch_size=4, max_wait_ms=1.0)
+    reply = asyncio.run(server.infer("a", np.ones((10, 3))))
+    assert reply.outputs["q_values"].shape == (10, 3)
+
+
+def test_weights_and_versions_reach_later_batches():
+    server = _server(max_wait_ms=0.0)
+
+    async def main():
+        first = await server.infer("a", np.array([[1.0, 0.0, 0.0]]))
+        await server.set_weights(np.roll(np.eye(3), 1, axis=1), version=3)
+        second = await server.infer("a", np.array([[1.0, 0.0, 0.0]]))
+        assert await server.set_weights(np.eye(3), version=2) == 3  # older: ignored
+        third = await server.infer("a", np.array([[1.0, 0.0, 0.0]]))
+        with pytest.raises(ValueError, match="version"):
+            await server.set_weights(np.eye(3), version=-2)
+        assert (await server.stats())["stale_weights_ignored"] == 1
+        return first, second, third
+
+    first, second, third = asyncio.run(main())
+    assert (third.version, int(third.outputs["actions"][0])) == (3, 1)
+    assert (first.version, int(first.outputs["actions"][0])) == (-1, 0)
+    assert (second.version, int(second.outputs["actions"][0])) == (3, 1)
+
+
+def test_a_restarted_caller_is_recognised():
+    server = _server()
+
+    async def main():
+        assert await server.register("runner-1") == 0
+        assert await server.register("runner-2") == 0
+        assert await server.register("runner-1") == 1
+        return await server.stats()
+
+    stats = asyncio.run(main())
+    assert stats["num_callers"] == 2
+    assert stats["caller_restarts"] == 1
+
+
+def test_a_failing_policy_fails_every_request_of_its_batch_and_the_server_goes_on():
+    class Flaky(_LinearPolicy):
+        def __call__(self, obs):
+            if np.isnan(obs).any():
+                raise RuntimeError("bad observation")
+            return super().__call__(obs)
+
+    server = InferenceServer(Flaky, InferenceServerConfig(max_batch_size=8, max_wait_ms=20.0))
+
+    async def main():
+        bad = np.full((1, 3), np.nan)
+        results = await asyncio.gather(
+            server.infer("a", np.ones((1, 3))), server.infer("b", bad), return_exceptions=True
+        )
+        after = await server.infer("a", np.ones((1, 3)))
+        return results, after
+
+    results, after = asyncio.run(main())
+    assert all(isinstance(r, RuntimeError) for r in results)
+    assert after.outputs["actions"].shape == (1,)
+
+
+def test_outputs_with_the_wrong_batch_size_are_an_error():
+    class Wrong(_LinearPolicy):
+        def __call__(self, obs):
+            return {"actions": np.zeros(obs.shape[0] + 1)}
+
+    server = InferenceServer(Wrong, InferenceServerConfig(max_wait_ms=0.0))
+    with pytest.raises(ValueError, match="one row per observation"):
+        asyncio.run(server.infer("a", np.ones((2, 3))))
+
+
+def test_config_errors_and_recurrent_policies_are_rejected():
+    with pytest.raises(ValueError, match="max_batch_size"):
+        InferenceServerConfig(max_batch_size=0)
+    with pytest.raises(ValueError, match="max_wait_ms"):
+        InferenceServerConfig(max_wait_ms=-1.0)
+    with pytest.raises(ValueError, match="device"):
+        InferenceServerConfig(device="")
+
+    class Recurrent(_LinearPolicy):
+        is_recurrent = True
+
+    with pytest.raises(ValueError, match="recurrent"):
+        InferenceServer(Recurrent)
+    with pytest.raises(ValueError, match="obs"):
+        asyncio.run(_server().infer("a", np.ones((0, 3))))

@@ -1,0 +1,84 @@
+"""Tianshou's highlevel API builds and runs a GorilaDQN experiment (GorilaDQNExperimentBuilder)."""
+
+from __future__ import annotations
+
+import pytest
+
+pytestmark = [pytest.mark.ray, pytest.mark.slow]
+
+
+def test_builder_runs_gorila_experiment_and_closes_cleanly(ray_session, tmp_path):
+    from conftest import alive_actor_count
+    from tianshou.highlevel.config import OffPolicyTrainingConfig
+    from tianshou.highlevel.env import EnvFactoryRegistered, VectorEnvType
+    from tianshou.highlevel.experiment import ExperimentConfig
+    from tianshou.highlevel.params.algorithm_params import DQNParams
+
+    from tianshou_plugins import GorilaCollector, GorilaDQN
+    from tianshou_plugins.highlevel import (
+        GorilaDQNExperimentBuilder,
+        GorilaParams,
+        close_gorila_world,
+    )
+
+    actors_before = alive_actor_count()
+    experiment = (
+        GorilaDQNExperimentBuilder(
+            EnvFactoryRegistered(task="CartPole-v1", venv_type=VectorEnvType.DUMMY),
+            ExperimentConfig(
+                persistence_enabled=True, persistence_base_dir=str(tmp_path), watch=False, seed=0
+            ),
+            OffPolicyTrainingConfig(
+                max_epochs=1,
+                epoch_num_steps=1_500,
+                batch_size=32,
+                num_training_envs=1,
+                num_test_envs=2,
+                buffer_size=5_000,
+                collection_step_num_env_steps=128,
+                update_step_num_gradient_steps_per_sample=0.1,
+                test_step_num_episodes=2,
+            ),
+        )
+        .with_dqn_params(DQNParams(lr=1e-3, n_step_return_horizon=3, target_update_freq=50))
+        .with_gorila_params(
+            GorilaParams(
+                num_actors=2,
+                envs_per_actor=2,
+                num_cpus_per_actor=0.05,
+                num_cpus_per_shard=0.05,
+                min_size_to_sample=300,
+                seed=0,
+            )
+        )
+        .with_model_factory_default(hidden_sizes=(32,))
+        .build()
+    )
+    result = experiment.run()
+    world = result.world
+    try:
+        assert isinstance(world.algorithm, GorilaDQN)
+        assert isinstance(world.training_collector, GorilaCollector)
+        assert world.training_collector.collect_step >= 1_500
+        assert world.algorithm.num_gradient_updates >= 100
+        assert len(world.training_collector.buffer) > 0
+        assert result.trainer_result is not None
+    finally:
+        close_gorila_world(world)
+    assert alive_actor_count() == actors_before
+
+
+def test_gorila_params_are_validated():
+    from tianshou_plugins.highlevel import GorilaDQNExperimentBuilder, GorilaParams
+
+    with pytest.raises(ValueError, match="num_actors"):
+        GorilaParams(num_actors=0)
+    with pytest.raises(ValueError, match="num_cpus_per_actor"):
+        GorilaParams(num_cpus_per_actor=-1)
+    from tianshou.highlevel.env import EnvFactoryRegistered, VectorEnvType
+
+    builder = GorilaDQNExperimentBuilder(
+        EnvFactoryRegistered(task="CartPole-v1", venv_type=VectorEnvType.DUMMY)
+    )
+    with pytest.raises(TypeError, match="GorilaParams"):
+        builder.with_gorila_params({"num_actors": 2})
