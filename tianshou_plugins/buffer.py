@@ -12,7 +12,6 @@ What Tianshou's trainer and algorithms call: ``sample(batch_size) -> (batch, ind
 
 from __future__ import annotations
 
-import numbers
 from typing import Any
 
 import numpy as np
@@ -20,6 +19,7 @@ import torch
 from tianshou.data import Batch
 
 from rl_dist_ext.replay.distributed import DistributedReplay, DistributedReplayConfig
+from rl_dist_ext.validation import check_real
 
 
 class DistributedPrioritizedReplayBuffer:
@@ -133,9 +133,7 @@ class DistributedPrioritizedReplayBuffer:
         return sum(s.size for s in self._replay.refresh() if s is not None)
 
     def set_beta(self, beta: float) -> None:
-        if not (isinstance(beta, numbers.Real) and 0.0 <= beta <= 1.0):
-            raise ValueError(f"beta must be in [0, 1], got {beta!r}")
-        self._beta = float(beta)
+        self._beta = check_real("beta", beta, low=0.0, high=1.0)
 
     @property
     def beta(self) -> float:

@@ -16,7 +16,6 @@ weights) and resumes; its lost rollout is counted in the stats.
 
 from __future__ import annotations
 
-import numbers
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -29,7 +28,7 @@ from tianshou.data.collector import BaseCollector, CollectStats
 
 from rl_dist_ext.actor_pool import ActorPool
 from rl_dist_ext.exploration import apex_epsilons
-from rl_dist_ext.validation import check_int
+from rl_dist_ext.validation import check_int, check_real
 from tianshou_plugins.actor import GorilaActor
 from tianshou_plugins.buffer import DistributedPrioritizedReplayBuffer
 from tianshou_plugins.gorila_dqn import GorilaDQN
@@ -124,8 +123,8 @@ class GorilaCollector(BaseCollector[GorilaCollectStats]):
         check_int("max_in_flight_per_actor", max_in_flight_per_actor, 1)
         if seed is not None:
             check_int("seed", seed, 0)
-        _check_real("num_cpus_per_actor", num_cpus_per_actor, low=0.0)
-        _check_real("timeout_s", timeout_s, low=0.0, strict=True)
+        check_real("num_cpus_per_actor", num_cpus_per_actor, low=0.0)
+        check_real("timeout_s", timeout_s, low=0.0, strict=True)
         self._epsilons = apex_epsilons(num_actors, epsilon_base, epsilon_alpha)
         _check_env_factory(env_factory, policy)
 
@@ -144,7 +143,7 @@ class GorilaCollector(BaseCollector[GorilaCollectStats]):
         self._timeout_s = float(timeout_s)
         self._publishes = 0
         self._published_version = -1
-        self._last_return_time = time.monotonic()
+        self._last_return_time: float | None = None  # set by the first collect()
         self._pool: ActorPool | None = None
         self._replay_ready = False
         self._rows_pushed = 0
@@ -233,6 +232,8 @@ class GorilaCollector(BaseCollector[GorilaCollectStats]):
         if render or gym_reset_kwargs:
             raise ValueError("GorilaCollector does not support render or gym_reset_kwargs")
         started = time.monotonic()
+        if self._last_return_time is None:  # the actors get their first rollouts only now
+            self._last_return_time = started
         self._publish_weights()
         results = self._gather(n_step=n_step, n_episode=n_episode)
         stats = self._summarise(results)
@@ -359,25 +360,12 @@ def _resolve_policy(
     if isinstance(policy, DiscreteQLearningPolicy):
         if gamma is None or n_step is None:
             raise ValueError("with a bare DiscreteQLearningPolicy, pass gamma and n_step too")
-        _check_real("gamma", gamma, low=0.0, high=1.0)
+        check_real("gamma", gamma, low=0.0, high=1.0)
         check_int("n_step", n_step, 1)
         return None, policy, float(gamma), n_step
     raise TypeError(
         f"policy must be a GorilaDQN or a DiscreteQLearningPolicy, got {type(policy).__name__}"
     )
-
-
-def _check_real(
-    name: str, value: Any, *, low: float, high: float | None = None, strict: bool = False
-) -> None:
-    ok = isinstance(value, numbers.Real) and (value > low if strict else value >= low)
-    if ok and high is not None:
-        ok = value <= high
-    if not ok:
-        bound = f"> {low}" if strict else f">= {low}"
-        if high is not None:
-            bound += f" and <= {high}"
-        raise ValueError(f"{name} must be {bound}, got {value!r}")
 
 
 def _check_env_factory(env_factory: Any, policy: DiscreteQLearningPolicy) -> None:

@@ -12,7 +12,6 @@ through :meth:`GorilaDQN.weights_for_actors`, which the collector publishes.
 
 from __future__ import annotations
 
-import numbers
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -26,7 +25,7 @@ from tianshou.data import Batch
 from tianshou.utils.torch_utils import torch_train_mode
 
 from rl_dist_ext.ops.priorities import DQNLoss, double_dqn_loss
-from rl_dist_ext.validation import check_int
+from rl_dist_ext.validation import check_int, check_real
 from tianshou_plugins.actor import q_values
 from tianshou_plugins.buffer import DistributedPrioritizedReplayBuffer
 
@@ -72,14 +71,11 @@ class GorilaDQN(DQN[DiscreteQLearningPolicy]):
             )
         if not isinstance(policy.action_space, gym.spaces.Discrete):
             raise TypeError(f"GorilaDQN needs a Discrete action space, got {policy.action_space!r}")
-        if not (isinstance(gamma, numbers.Real) and 0.0 <= gamma <= 1.0):
-            raise ValueError(f"gamma must be in [0, 1], got {gamma!r}")
+        check_real("gamma", gamma, low=0.0, high=1.0)
         check_int("n_step_return_horizon", n_step_return_horizon, 1)
         check_int("target_update_freq", target_update_freq, 1)
-        if huber_loss_delta is not None and not (
-            isinstance(huber_loss_delta, numbers.Real) and huber_loss_delta > 0
-        ):
-            raise ValueError(f"huber_loss_delta must be > 0 or None, got {huber_loss_delta!r}")
+        if huber_loss_delta is not None:
+            check_real("huber_loss_delta", huber_loss_delta, low=0.0, strict=True)
         super().__init__(
             policy=policy,
             optim=optim,
@@ -134,7 +130,7 @@ class GorilaDQN(DQN[DiscreteQLearningPolicy]):
         return out
 
     def compute_loss(self, batch: Batch) -> DQNLoss:
-        """The shared double-DQN loss on a batch from ``DistributedPrioritizedReplayBuffer.sample``."""
+        """The shared double-DQN loss on a batch from ``DistributedPrioritizedReplayBuffer``."""
         model = self.policy.model
         device = next(model.parameters()).device
 
