@@ -28,6 +28,7 @@ from pathlib import Path
 import gymnasium as gym
 import ray
 import torch
+from slow_env import slow_cartpole
 
 from rllib_plugins.evaluation import greedy_return
 
@@ -35,21 +36,9 @@ RESULTS = Path(__file__).parent / "results"
 TARGET = 450.0
 
 
-class SlowStep(gym.Wrapper):
-    """Adds a fixed latency to every ``step`` (a slow simulator)."""
-
-    def __init__(self, env: gym.Env, latency_s: float = 0.002) -> None:
-        super().__init__(env)
-        self.latency_s = latency_s
-
-    def step(self, action):
-        time.sleep(self.latency_s)
-        return self.env.step(action)
-
-
 def make_env(name: str) -> gym.Env:
     if name == "SlowCartPole-v1":
-        return SlowStep(gym.make("CartPole-v1"))
+        return slow_cartpole()
     return gym.make(name)
 
 

@@ -108,3 +108,71 @@ def test_replay_bench_writes_json_and_table(tmp_path):
         assert row["stored"] == 3000
         assert row["sample_update_cycles_per_s"] > 0
     assert "| rl-dist-ext PrioritizedReplay |" in (tmp_path / "replay_bench.md").read_text()
+
+
+def test_tianshou_gorila_example_trains_and_writes_checkpoint_and_curve(tmp_path):
+    out = run_script(
+        "examples/tianshou_gorila_cartpole.py",
+        "--env-steps",
+        "3000",
+        "--epoch-steps",
+        "1500",
+        "--num-actors",
+        "2",
+        "--envs-per-actor",
+        "2",
+        "--out",
+        str(tmp_path),
+    )
+    assert "final greedy evaluation return (10 episodes):" in out
+    assert "policy lag" in out  # progress lines
+    assert (tmp_path / "checkpoint" / "algorithm.pt").stat().st_size > 0
+    assert (tmp_path / "checkpoint" / "replay" / "manifest.json").exists()
+    assert list((tmp_path / "tb").glob("events.out.tfevents.*"))
+    assert (tmp_path / "learning_curve.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+    import torch
+
+    state = torch.load(tmp_path / "checkpoint" / "algorithm.pt", weights_only=False)
+    assert state["_extra_state"]["num_gradient_updates"] > 0
+
+
+def test_tianshou_gorila_vs_dqn_bench_writes_json_and_table(tmp_path):
+    run_script(
+        "benchmarks/tianshou_gorila_vs_dqn.py",
+        "--seeds",
+        "0",
+        "--envs",
+        "CartPole-v1",
+        "--max-seconds",
+        "10",
+        "--epoch-steps",
+        "1000",
+        "--actors",
+        "2",
+        "--envs-per-actor",
+        "2",
+        "--throughput-actors",
+        "1",
+        "2",
+        "--throughput-seconds",
+        "2",
+        "--throughput-warmup-seconds",
+        "1",
+        "--out",
+        str(tmp_path),
+        timeout=280,  # two Ray sessions; stays under pytest's 300 s on a busy machine
+    )
+    result = json.loads((tmp_path / "tianshou_gorila_vs_dqn.json").read_text())
+    assert set(result["runs"]) == {"CartPole-v1"}
+    for algo in ("GorilaDQN", "DQN"):
+        (run,) = result["runs"]["CartPole-v1"][algo]
+        assert run["env_steps"] > 0
+        reached = run["seconds_to_target"]
+        assert reached is None or reached <= run["trained_seconds"]
+    summary = result["summary"]["CartPole-v1"]
+    assert summary["ratio_bound"] in {"=", "<", ">", "n/a"}
+    assert [row["num_actors"] for row in result["throughput"]] == [1, 2]
+    assert all(row["env_steps_per_s"] > 0 for row in result["throughput"])
+    assert result["throughput"][0]["efficiency"] == 1.0
+    assert "| CartPole-v1 | 0 |" in (tmp_path / "tianshou_gorila_vs_dqn.md").read_text()

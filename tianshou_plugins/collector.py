@@ -184,6 +184,7 @@ class GorilaCollector(BaseCollector[GorilaCollectStats]):
                 handles, "collect_and_push", max_in_flight=max_in_flight_per_actor
             )
             _wait_ready(handles, self._timeout_s)
+            self._replay_ready = self._replay_holds_min_size()  # e.g. a restored replay
         except BaseException:
             self.close()
             if started_buffer:
@@ -309,13 +310,15 @@ class GorilaCollector(BaseCollector[GorilaCollectStats]):
         """
         if self._replay_ready:
             return True
-        config = self.buffer.config
-        if self._rows_pushed < config.min_size_to_sample:
+        if self._rows_pushed < self.buffer.config.min_size_to_sample:
             return False
-        need = config.rate_limit().min_size_to_sample
-        statuses = self.buffer.client.refresh()
-        self._replay_ready = all(s is not None and s.size >= need for s in statuses)
+        self._replay_ready = self._replay_holds_min_size()
         return self._replay_ready
+
+    def _replay_holds_min_size(self) -> bool:
+        need = self.buffer.config.rate_limit().min_size_to_sample
+        statuses = self.buffer.client.refresh()
+        return all(s is not None and s.size >= need for s in statuses)
 
     def _summarise(self, results: list[dict[str, Any]]) -> GorilaCollectStats:
         now = time.monotonic()

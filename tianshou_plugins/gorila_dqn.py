@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import gymnasium as gym
+import numpy as np
 import torch
 from tianshou.algorithm.algorithm_base import TrainingStats
 from tianshou.algorithm.modelfree.dqn import DQN, DiscreteQLearningPolicy
@@ -135,7 +136,8 @@ class GorilaDQN(DQN[DiscreteQLearningPolicy]):
         device = next(model.parameters()).device
 
         def tensor(x: Any, dtype: torch.dtype = torch.float32) -> torch.Tensor:
-            return torch.as_tensor(x, dtype=dtype, device=device)
+            # Arrays from Ray's object store are read-only; torch wants writable memory.
+            return torch.as_tensor(np.require(x, requirements="W"), dtype=dtype, device=device)
 
         obs, obs_next = tensor(batch.obs), tensor(batch.obs_next)
         q_online_t = q_values(model, obs)
