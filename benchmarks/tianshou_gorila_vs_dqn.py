@@ -174,10 +174,11 @@ def gorila_run(env: str, seed: int, args) -> dict:
     try:
         algorithm = GorilaDQN(
             policy=make_policy(seed),
-            optim=AdamOptimizerFactory(lr=1e-3),
+            optim=AdamOptimizerFactory(lr=args.gorila_lr),
             gamma=0.99,
             n_step_return_horizon=3,
             target_update_freq=args.gorila_target_update,
+            huber_loss_delta=args.gorila_huber_delta,
         )
         collector = GorilaCollector(
             algorithm,
@@ -423,6 +424,13 @@ def main() -> None:
     gorila.add_argument("--gorila-updates-per-step", type=float, default=0.25)
     gorila.add_argument("--gorila-batch-size", type=int, default=128)
     gorila.add_argument("--gorila-target-update", type=int, default=250)
+    gorila.add_argument("--gorila-lr", type=float, default=1e-3)
+    gorila.add_argument(
+        "--gorila-huber-delta",
+        type=lambda v: None if v.lower() == "none" else float(v),
+        default=1.0,
+        help="Huber delta; 'none' for the squared loss",
+    )
     throughput = parser.add_argument_group("collection throughput")
     throughput.add_argument("--throughput-actors", type=int, nargs="*", default=[1, 2, 4, 8])
     throughput.add_argument("--throughput-envs-per-actor", type=int, default=2)

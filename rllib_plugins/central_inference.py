@@ -118,9 +118,15 @@ class CentralInferenceRunnerMixin:
         raise NotImplementedError
 
     def log_versions_used(self) -> None:
-        """Log the mean weight version of this sample's replies (for the policy lag metric)."""
+        """Log the mean weight version of this sample's replies (for the policy lag metric).
+
+        ``window=1``: the latest sample's version, not RLlib's default EMA (coefficient 0.01),
+        which would stay near the first versions and make the reported lag grow with training.
+        """
         if self._inference_server is not None and self._versions_used:
-            self.metrics.log_value(WEIGHTS_VERSION_USED, float(np.mean(self._versions_used)))
+            self.metrics.log_value(
+                WEIGHTS_VERSION_USED, float(np.mean(self._versions_used)), window=1
+            )
             self._versions_used.clear()
 
 

@@ -26,6 +26,7 @@ import gymnasium as gym
 import ray
 import torch
 from ray.rllib.algorithms.impala import IMPALA, IMPALAConfig
+from ray.rllib.core import DEFAULT_MODULE_ID
 from ray.rllib.core.columns import Columns
 from ray.rllib.env.single_agent_env_runner import SingleAgentEnvRunner
 from ray.rllib.utils.from_config import NotProvided
@@ -184,11 +185,29 @@ class VTrace(IMPALA):
         if getattr(self, "_inference", None) is not None:
             self._inference.push_weights(self.learner_group)
 
+    def get_module(self, module_id: str = DEFAULT_MODULE_ID):
+        """The driver's copy of the module, brought up to the learner's weights first.
+
+        IMPALA never sends weights to the driver's (local) env runner, whose module RLlib's
+        ``get_module`` returns: without this it keeps the initial weights in both modes. Synced
+        here, on demand, so that no weights travel during training.
+        """
+        module = super().get_module(module_id)
+        if module is not None:
+            module.set_state(self.learner_group.get_weights(module_ids=[module_id])[module_id])
+        return module
+
     def cleanup(self) -> None:
         inference, self._inference = getattr(self, "_inference", None), None
+        # IMPALA starts an EnvRunnerStateServer actor and never kills it: it would outlive
+        # stop() for as long as this object is referenced.
+        state_server = getattr(self, "_env_runner_state_server", None)
+        self._env_runner_state_server = None
         super().cleanup()  # runners first, so none is mid-request when the server goes
         if inference is not None:
             inference.close()
+        if state_server is not None:
+            ray.kill(state_server, no_restart=True)
 
 
 def _check_discrete_actions(config: VTraceConfig) -> None:

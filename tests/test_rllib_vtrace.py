@@ -1,0 +1,666 @@
+"""VTrace on RLlib: the learner's loss, config errors, the inference server actor, SEED mode.
+
+The loss tests build the learner in-process (``config.build_learner``, no Ray actors). The Ray
+tests share the session's ``ray.init(num_cpus=2)``; one module-scoped algorithm in SEED mode
+serves the metrics, weights, checkpoint and fault tests.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+
+import gymnasium as gym
+import numpy as np
+import pytest
+import torch
+
+ray = pytest.importorskip("ray")
+
+from ray.rllib.core import DEFAULT_MODULE_ID  # noqa: E402
+from ray.rllib.core.columns import Columns  # noqa: E402
+
+from rl_dist_ext.ops.vtrace import vtrace_from_log_probs  # noqa: E402
+
+# ---- the learner's loss (no Ray) ---------------------------------------------------------------
+
+FRAGMENT = 6  # rollout_fragment_length: the row length T of the learner's time-major tensors
+GAMMA = 0.95
+VF_LOSS_COEFF = 0.7
+ENTROPY_COEFF = 0.03
+CLIP_RHO = 1.5
+CLIP_PG_RHO = 1.0
+
+
+def loss_settings(config, *, vtrace_lambda: float | None):
+    training = {
+        "gamma": GAMMA,
+        "vf_loss_coeff": VF_LOSS_COEFF,
+        "entropy_coeff": ENTROPY_COEFF,
+        "vtrace_clip_rho_threshold": CLIP_RHO,
+        "vtrace_clip_pg_rho_threshold": CLIP_PG_RHO,
+    }
+    if vtrace_lambda is not None:
+        training["vtrace_lambda"] = vtrace_lambda
+    return (
+        config.environment("CartPole-v1")
+        .framework("torch")
+        .env_runners(rollout_fragment_length=FRAGMENT)
+        .training(**training)
+        .debugging(seed=0)
+    )
+
+
+@pytest.fixture
+def make_learner():
+    """Build learners in-process; stop their learner threads afterwards."""
+    learners = []
+
+    def build(config):
+        learner = config.build_learner(env=gym.make("CartPole-v1"))
+        learners.append(learner)
+        return learner
+
+    yield build
+    for learner in learners:
+        learner.shutdown()
+
+
+def impala_layout_batch(seed: int = 0) -> dict[str, torch.Tensor]:
+    """A flat batch as IMPALA's learner connector lays it out.
+
+    Episode chunks are laid end to end, each followed by the artificial bootstrap step that
+    ``AddOneTsToEpisodesAndTruncate`` appends (``LOSS_MASK`` False, reward 0, not terminated);
+    the learner cuts the flat batch into rows of ``FRAGMENT`` steps regardless of where chunks
+    end (the last row zero-padded). Chunk lengths are chosen so that rows end on a real step
+    followed by a real step, on a real step followed by its bootstrap step, and on a bootstrap
+    step; one terminal step lies inside a row.
+    """
+    rng = np.random.default_rng(seed)
+    chunks = [(4, True), (7, False), (4, True), (5, False), (2, False)]
+    obs, actions, rewards, terminated, mask, behaviour_logp = [], [], [], [], [], []
+    for length, is_terminated in chunks:
+        steps = length + 1
+        obs.append(rng.normal(size=(steps, 4)))
+        actions.append(rng.integers(0, 2, size=steps))
+        rewards.append(np.r_[rng.normal(1.0, 0.5, size=length), 0.0])
+        terminated.append(np.r_[np.zeros(length - 1, bool), is_terminated, False])
+        mask.append(np.r_[np.ones(length, bool), False])
+        # Behaviour probabilities of the taken actions far from the initial policy's ~0.5,
+        # so that rho = pi / mu is clipped at some steps (mu small) and not at others.
+        behaviour_logp.append(np.log(rng.choice([0.08, 0.3, 0.6, 0.95], size=steps)))
+    batch = {
+        Columns.OBS: torch.as_tensor(np.concatenate(obs), dtype=torch.float32),
+        Columns.ACTIONS: torch.as_tensor(np.concatenate(actions), dtype=torch.int64),
+        Columns.REWARDS: torch.as_tensor(np.concatenate(rewards), dtype=torch.float32),
+        Columns.TERMINATEDS: torch.as_tensor(np.concatenate(terminated)),
+        Columns.LOSS_MASK: torch.as_tensor(np.concatenate(mask)),
+        Columns.ACTION_LOGP: torch.as_tensor(np.concatenate(behaviour_logp), dtype=torch.float32),
+    }
+    size = len(batch[Columns.OBS])
+    assert size == 27 and size % FRAGMENT != 0  # 5 rows, the last one padded
+    real = batch[Columns.LOSS_MASK].numpy()
+    row_ends = np.arange(FRAGMENT - 1, size - 1, FRAGMENT)
+    assert (real[row_ends] & real[row_ends + 1]).any()  # real step, next row continues it
+    assert (real[row_ends] & ~real[row_ends + 1]).any()  # real step, next row bootstraps it
+    assert (~real[row_ends]).any()  # a row ending on a bootstrap step
+    terminal_rows = np.flatnonzero(batch[Columns.TERMINATEDS].numpy()) % FRAGMENT
+    assert (terminal_rows < FRAGMENT - 1).any()  # a terminal step inside a row
+    return batch
+
+
+def learner_loss(learner, batch) -> torch.Tensor:
+    module = learner.module[DEFAULT_MODULE_ID]
+    fwd_out = module.forward_train(batch)
+    return learner.compute_loss_for_module(
+        module_id=DEFAULT_MODULE_ID, config=learner.config, batch=batch, fwd_out=fwd_out
+    )
+
+
+def reference_loss(module, batch, *, vtrace_lambda: float) -> tuple[torch.Tensor, dict]:
+    """The V-trace loss row by row: each row of FRAGMENT steps is one [T, 1] V-trace call whose
+    bootstrap value is the value of the step that follows the row in the flat batch."""
+    with torch.no_grad():
+        logits = module.forward_train(batch)[Columns.ACTION_DIST_INPUTS]
+        values = module.compute_values(batch)
+    log_pi = torch.log_softmax(logits, dim=-1)
+    target_logp = log_pi.gather(1, batch[Columns.ACTIONS][:, None])[:, 0]
+    entropy = -(log_pi.exp() * log_pi).sum(-1)
+    mask = batch[Columns.LOSS_MASK].float()
+    size = len(mask)
+    pg_terms, vf_terms = [], []
+    rhos = (target_logp - batch[Columns.ACTION_LOGP]).exp()
+    for start in range(0, size, FRAGMENT):
+        rows = slice(start, min(start + FRAGMENT, size))
+        real = mask[rows]
+        discounts = GAMMA * (1.0 - batch[Columns.TERMINATEDS][rows].float()) * real
+        # The last row's bootstrap value is never used (its last step has discount 0).
+        bootstrap = values[start + FRAGMENT] if start + FRAGMENT < size else torch.tensor(0.0)
+
+        def column(x):
+            return x[:, None]
+
+        out = vtrace_from_log_probs(
+            behaviour_log_probs=column(batch[Columns.ACTION_LOGP][rows]),
+            target_log_probs=column(target_logp[rows]),
+            discounts=column(discounts),
+            rewards=column(batch[Columns.REWARDS][rows]),
+            values=column(values[rows]),
+            bootstrap_value=bootstrap[None],
+            clip_rho_threshold=CLIP_RHO,
+            clip_pg_rho_threshold=CLIP_PG_RHO,
+            lambda_=vtrace_lambda,
+        )
+        pg_terms.append(-(target_logp[rows] * out.pg_advantages[:, 0] * real).sum())
+        vf_terms.append(0.5 * ((values[rows] - out.vs[:, 0]) ** 2 * real).sum())
+    num_real = mask.sum()
+    pg = torch.stack(pg_terms).sum() / num_real
+    vf = torch.stack(vf_terms).sum() / num_real
+    ent = (entropy * mask).sum() / num_real
+    total = pg + VF_LOSS_COEFF * vf - ENTROPY_COEFF * ent
+    real_rhos = rhos[mask.bool()]
+    return total, {"pg": pg, "vf": vf, "entropy": ent, "rhos": real_rhos}
+
+
+def test_learner_loss_equals_the_core_vtrace_loss_with_lambda(make_learner):
+    from rllib_plugins import VTraceConfig
+
+    torch.manual_seed(0)
+    learner = make_learner(loss_settings(VTraceConfig(), vtrace_lambda=0.9))
+    assert learner.config.vtrace_lambda == 0.9
+    assert learner.config.get_rollout_fragment_length() == FRAGMENT
+    batch = impala_layout_batch()
+    module = learner.module[DEFAULT_MODULE_ID]
+
+    loss = learner_loss(learner, batch)
+    expected, parts = reference_loss(module, batch, vtrace_lambda=0.9)
+
+    # The batch exercises both clips: rho above each threshold at some steps, below at others.
+    rhos = parts["rhos"]
+    assert (rhos > CLIP_RHO).any() and ((rhos > CLIP_PG_RHO) & (rhos < CLIP_RHO)).any()
+    assert (rhos < CLIP_PG_RHO).any()
+    assert loss.shape == ()
+    torch.testing.assert_close(loss, expected, rtol=1e-5, atol=1e-6)
+    # Each part is logged as computed (no sign or coefficient slipped between them).
+    for key, part in (("mean_pi_loss", "pg"), ("mean_vf_loss", "vf"), ("entropy", "entropy")):
+        logged = float(torch.as_tensor(learner.metrics.peek((DEFAULT_MODULE_ID, key))).detach())
+        assert logged == pytest.approx(float(parts[part]), rel=1e-5, abs=1e-6), key
+    # lambda reaches the core: with lambda = 1 the loss is different.
+    assert not torch.allclose(loss, reference_loss(module, batch, vtrace_lambda=1.0)[0])
+    # The loss is differentiable and its gradient reaches both the policy and the value head.
+    loss.backward()
+    grads = [p.grad for p in module.parameters() if p.requires_grad]
+    assert all(g is not None for g in grads)
+    assert all(g.abs().sum() > 0 for g in grads)
+
+
+def test_learner_loss_equals_rllib_impala_loss_when_lambda_is_one(make_learner):
+    from ray.rllib.algorithms.impala import IMPALAConfig
+
+    from rllib_plugins import VTraceConfig
+
+    torch.manual_seed(0)
+    ours = make_learner(loss_settings(VTraceConfig(), vtrace_lambda=1.0))
+    theirs = make_learner(loss_settings(IMPALAConfig(), vtrace_lambda=None))
+    theirs.module[DEFAULT_MODULE_ID].set_state(ours.module[DEFAULT_MODULE_ID].get_state())
+    batch = impala_layout_batch(seed=1)
+
+    ours_loss = learner_loss(ours, batch)
+    theirs_loss = learner_loss(theirs, batch)
+    torch.testing.assert_close(ours_loss, theirs_loss, rtol=1e-5, atol=1e-6)
+    reference, _ = reference_loss(ours.module[DEFAULT_MODULE_ID], batch, vtrace_lambda=1.0)
+    torch.testing.assert_close(ours_loss, reference, rtol=1e-5, atol=1e-6)
+
+
+# ---- config validation and registration --------------------------------------------------------
+
+
+def small_config(*, central: bool = True, **training):
+    """CartPole, 2 env runners x 4 envs, the learner in the driver, small CPU asks (2-CPU box)."""
+    from rllib_plugins import VTraceConfig
+
+    settings = {
+        "lr": 5e-4,
+        "train_batch_size_per_learner": 500,
+        "entropy_coeff": 0.01,
+        "vf_loss_coeff": 0.5,
+    }
+    settings.update(training)
+    return (
+        VTraceConfig()
+        .environment("CartPole-v1")
+        .env_runners(num_env_runners=2, num_envs_per_env_runner=4, num_cpus_per_env_runner=0.2)
+        .learners(num_learners=0, num_cpus_per_learner=0.2)
+        .resources(num_cpus_for_main_process=0.3)
+        .training(**settings)
+        .central_inference(enabled=central, num_cpus=0.1, max_batch_size=64, max_wait_ms=1.0)
+        .reporting(min_time_s_per_iteration=1)
+        .debugging(seed=0)
+    )
+
+
+def alive_actors() -> int:
+    from conftest import alive_actor_count
+
+    return alive_actor_count()
+
+
+def alive_actor_classes() -> dict[str, str]:
+    """Alive actors by id -> class name (counts alone can hide a leak behind another death)."""
+    from ray._private import state
+
+    return {
+        actor_id: info["ActorClassName"]
+        for actor_id, info in state.actors().items()
+        if info["State"] == "ALIVE"
+    }
+
+
+def actors_left_since(before: dict[str, str], timeout_s: float = 60.0) -> list[str]:
+    """Class names of actors alive now that were not alive in ``before``; deaths reach the GCS
+    asynchronously, so this polls for up to ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        left = sorted(name for i, name in alive_actor_classes().items() if i not in before)
+        if not left or time.monotonic() > deadline:
+            return left
+        time.sleep(0.5)
+
+
+def test_registered_with_tune_and_rllib():
+    from ray.rllib.algorithms import registry
+    from ray.rllib.algorithms.algorithm_config import AlgorithmConfig
+    from ray.tune.registry import get_trainable_cls
+
+    import rllib_plugins
+
+    assert get_trainable_cls("VTrace") is rllib_plugins.VTrace
+    assert "VTrace" in registry.ALGORITHMS
+    config = AlgorithmConfig(algo_class="VTrace")
+    assert get_trainable_cls(config.algo_class) is rllib_plugins.VTrace
+    default = rllib_plugins.VTrace.get_default_config()
+    assert isinstance(default, rllib_plugins.VTraceConfig)
+    assert default.central_inference_enabled is True  # SEED mode is the default
+    assert default.get_default_learner_class() is rllib_plugins.VTraceTorchLearner
+
+
+@pytest.mark.parametrize(
+    ("change", "match"),
+    [
+        (lambda c: c.training(vtrace_lambda=-0.1), "vtrace_lambda"),
+        (lambda c: c.training(vtrace_lambda=1.5), "vtrace_lambda"),
+        (lambda c: c.training(vtrace_clip_rho_threshold=0.0), "vtrace_clip_rho_threshold"),
+        (lambda c: c.training(vtrace_clip_rho_threshold=-1.0), "vtrace_clip_rho_threshold"),
+        (lambda c: c.training(vtrace_clip_pg_rho_threshold=0.0), "vtrace_clip_pg_rho_threshold"),
+        (lambda c: c.training(vtrace_clip_pg_rho_threshold=-2), "vtrace_clip_pg_rho_threshold"),
+        (lambda c: c.central_inference(max_batch_size=0), "max_batch_size"),
+        (lambda c: c.central_inference(max_batch_size=2.5), "max_batch_size"),
+        (lambda c: c.central_inference(max_wait_ms=-1.0), "max_wait_ms"),
+        (lambda c: c.central_inference(num_cpus=-0.1), "num_cpus"),
+        (lambda c: c.central_inference(num_gpus=-1), "num_gpus"),
+        (lambda c: c.central_inference(enabled="yes"), "enabled"),
+        (lambda c: c.env_runners(num_env_runners=0), "num_env_runners"),
+    ],
+)
+def test_bad_config_values_raise_on_validate(change, match):
+    config = change(small_config())
+    with pytest.raises(ValueError, match=match):
+        config.validate()
+
+
+def test_valid_edge_values_pass_validation():
+    small_config().training(vtrace_lambda=0.0).central_inference(max_wait_ms=0.0).validate()
+    small_config().training(vtrace_lambda=1.0).validate()
+    # Local inference needs no remote env runner.
+    small_config(central=False).env_runners(num_env_runners=0).validate()
+
+
+@pytest.mark.ray
+@pytest.mark.parametrize(
+    ("change", "match"),
+    [
+        (lambda c: c.environment("Pendulum-v1"), "Discrete action spaces only"),
+        (lambda c: c.training(vtrace_lambda=2.0), "vtrace_lambda"),
+        (lambda c: c.central_inference(max_batch_size=0), "max_batch_size"),
+    ],
+)
+def test_bad_configs_raise_before_any_actor_starts(ray_session, change, match):
+    before = alive_actors()
+    with pytest.raises(ValueError, match=match):
+        change(small_config()).build_algo()
+    assert alive_actors() == before
+
+
+# ---- the inference server as a Ray actor -------------------------------------------------------
+
+
+@pytest.mark.ray
+def test_inference_server_actor_batches_callers_versions_and_restarts(ray_session):
+    from rl_dist_ext.inference import InferenceServerConfig
+    from rl_dist_ext.ray_actors import start_inference_server
+
+    class OffsetPolicy:  # defined here so that Ray ships it to the actor by value
+        is_recurrent = False
+
+        def __init__(self, device: str) -> None:
+            self.offset = 0.0
+
+        def __call__(self, obs: np.ndarray) -> dict[str, np.ndarray]:
+            return {"actions": np.zeros(len(obs), dtype=np.int64), "echo": obs + self.offset}
+
+        def set_weights(self, weights) -> None:
+            self.offset = float(weights)
+
+    @ray.remote(num_cpus=0)
+    def caller(server, caller_id: int, num_requests: int):
+        rng = np.random.default_rng(caller_id)
+        requests = []
+        for k in range(num_requests):
+            rows = int(rng.integers(1, 4))
+            # Every row is unique: (caller, request, row).
+            requests.append(np.array([[caller_id, k, r] for r in range(rows)], dtype=np.float64))
+        # All of this caller's requests are in flight at once, next to the other callers'.
+        replies = ray.get([server.infer.remote(f"caller-{caller_id}", obs) for obs in requests])
+        return [
+            (obs, reply.outputs["echo"], reply.version)
+            for obs, reply in zip(requests, replies, strict=True)
+        ]
+
+    server = start_inference_server(
+        OffsetPolicy, InferenceServerConfig(max_batch_size=32, max_wait_ms=20.0), num_cpus=0.05
+    )
+    try:
+        for i in range(6):
+            assert ray.get(server.register.remote(f"caller-{i}"), timeout=120) == 0
+        num_callers, num_requests = 6, 15
+        results = ray.get(
+            [caller.remote(server, i, num_requests) for i in range(num_callers)], timeout=300
+        )
+        echoed = []
+        for per_caller in results:
+            assert len(per_caller) == num_requests
+            for obs, echo, version in per_caller:
+                np.testing.assert_array_equal(echo, obs)  # its own rows, in order
+                assert version == -1
+                echoed.extend(map(tuple, echo))
+        total_rows = len(echoed)
+        assert len(set(echoed)) == total_rows  # no row twice
+        stats = ray.get(server.stats.remote())
+        assert stats["num_requests"] == num_callers * num_requests  # none lost
+        assert stats["mean_batch_rows"] * stats["num_batches"] == pytest.approx(total_rows)
+        assert stats["mean_batch_requests"] > 1.0  # concurrent requests were batched
+        assert stats["num_callers"] == num_callers
+        assert stats["caller_restarts"] == 0
+
+        # Weights: a newer version reaches the next replies; an older one is ignored.
+        assert ray.get(server.set_weights.remote(100.0, 3)) == 3
+        reply = ray.get(server.infer.remote("caller-0", np.ones((2, 3))))
+        assert reply.version == 3
+        np.testing.assert_array_equal(reply.outputs["echo"], np.full((2, 3), 101.0))
+        assert ray.get(server.set_weights.remote(5.0, 2)) == 3
+        reply = ray.get(server.infer.remote("caller-0", np.ones((1, 3))))
+        assert reply.version == 3 and reply.outputs["echo"][0, 0] == 101.0
+        assert ray.get(server.stats.remote())["stale_weights_ignored"] == 1
+        assert ray.get(server.register.remote("caller-0")) == 1  # a restarted caller
+
+        # Killed: Ray restarts it with the factory's initial weights (version -1).
+        ray.kill(server, no_restart=False)
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                reply = ray.get(server.infer.remote("caller-0", np.ones((1, 3))), timeout=30)
+                break
+            except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError):
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.2)
+        assert reply.version == -1
+        np.testing.assert_array_equal(reply.outputs["echo"], np.ones((1, 3)))
+        assert ray.get(server.get_version.remote()) == -1
+        stats = ray.get(server.stats.remote())
+        assert stats["num_requests"] == 1 and stats["num_callers"] == 0  # a fresh instance
+        assert ray.get(server.set_weights.remote(7.0, 1)) == 1  # it takes weights again
+        reply = ray.get(server.infer.remote("caller-0", np.ones((1, 3))))
+        assert reply.version == 1 and reply.outputs["echo"][0, 0] == 8.0
+    finally:
+        ray.kill(server, no_restart=True)
+
+
+# ---- one algorithm in SEED mode ----------------------------------------------------------------
+
+METRIC_KEYS = (
+    "requests_per_s",
+    "mean_batch_rows",
+    "mean_batch_requests",
+    "batch_fill",
+    "queue_ms_p50",
+    "queue_ms_p99",
+    "version",
+    "num_callers",
+    "caller_restarts",
+    "policy_lag",
+)
+
+
+def state_of(module) -> dict[str, torch.Tensor]:
+    return {k: v.detach().cpu().clone() for k, v in module.state_dict().items()}
+
+
+def runner_states(algorithm) -> list[dict[str, torch.Tensor]]:
+    return algorithm.env_runner_group.foreach_env_runner(
+        lambda runner: {k: v.detach().cpu().clone() for k, v in runner.module.state_dict().items()},
+        local_env_runner=False,
+    )
+
+
+def learner_module(algorithm):
+    return algorithm.learner_group._learner.module[DEFAULT_MODULE_ID]
+
+
+def same_weights(a: dict, b: dict) -> bool:
+    common = a.keys() & b.keys()
+    assert common, "no parameter in common"
+    return all(torch.equal(a[k], b[k]) for k in common)
+
+
+def server_logits(algorithm, obs: np.ndarray) -> tuple[int, np.ndarray]:
+    """The server's logits for ``obs``, once it holds the version the algorithm last pushed."""
+    handle, version = algorithm._inference.handle, algorithm._inference.version
+    deadline = time.monotonic() + 30
+    while ray.get(handle.get_version.remote()) < version and time.monotonic() < deadline:
+        time.sleep(0.1)  # pushes are fire and forget
+    reply = ray.get(handle.infer.remote("test-probe", obs))
+    return reply.version, reply.outputs["action_dist_inputs"]
+
+
+def module_logits(module, obs: np.ndarray) -> np.ndarray:
+    with torch.no_grad():
+        out = module.forward_inference({Columns.OBS: torch.as_tensor(obs)})
+    return out[Columns.ACTION_DIST_INPUTS].numpy()
+
+
+def env_steps_trained(result: dict) -> float:
+    return (
+        result.get("learners", {})
+        .get("__all_modules__", {})
+        .get("num_env_steps_trained_lifetime", 0)
+    )
+
+
+def train_until_learned(algorithm, *, max_iterations: int = 30) -> dict:
+    """Train until this call has seen at least one learner update (the first iteration's
+    samples may still be on their way: the runners start slowly on a busy machine)."""
+    trained_before = None
+    for _ in range(max_iterations):
+        result = algorithm.train()
+        trained = env_steps_trained(result)
+        if trained_before is None:
+            trained_before = trained
+        elif trained > trained_before:
+            return result
+    raise AssertionError(f"no learner update within {max_iterations} iterations")
+
+
+def probe_obs() -> np.ndarray:
+    return np.random.default_rng(0).normal(size=(8, 4)).astype(np.float32)
+
+
+@pytest.fixture(scope="module")
+def seed_algo(ray_session):
+    """A VTrace algorithm in SEED mode plus its learner's and runners' weights at build time."""
+    algorithm = small_config().build_algo()
+    initial = {
+        "learner": state_of(learner_module(algorithm)),
+        "runners": runner_states(algorithm),
+    }
+    yield algorithm, initial
+    algorithm.stop()
+
+
+@pytest.mark.ray
+def test_seed_mode_reports_server_metrics_and_policy_lag(seed_algo):
+    algorithm, _ = seed_algo
+    history = []
+    for _ in range(30):  # until the learner has published >= 6 versions
+        result = algorithm.train()
+        metrics = result["central_inference"]
+        history.append((metrics["version"], metrics["policy_lag"]))
+        if metrics["version"] >= 6 and len(history) >= 4:
+            break
+    for key in METRIC_KEYS:
+        assert key in metrics, key
+    assert metrics["requests_per_s"] > 0
+    # A runner's request carries the observations of its 4 envs.
+    assert metrics["mean_batch_rows"] >= 4
+    assert 0 < metrics["batch_fill"] <= 1
+    assert metrics["version"] >= 6, history
+    assert metrics["version"] == algorithm._inference.version
+    assert metrics["num_callers"] == 2
+    assert metrics["caller_restarts"] == 0
+    assert result["learners"]["__all_modules__"]["num_env_steps_trained_lifetime"] > 0
+    lag = metrics["policy_lag"]
+    assert math.isfinite(lag) and lag >= 0, history
+    # The runners act with recent versions: the lag does not grow with the version count.
+    assert lag <= metrics["version"] / 2, history
+
+
+@pytest.mark.ray
+def test_runners_never_hold_learner_weights_and_the_server_does(seed_algo):
+    algorithm, initial = seed_algo
+    train_until_learned(algorithm)
+    learner_now = state_of(learner_module(algorithm))
+    assert not same_weights(learner_now, initial["learner"])  # the learner trained
+    for before, now in zip(initial["runners"], runner_states(algorithm), strict=True):
+        assert same_weights(now, before)  # still the weights they were built with
+        assert not same_weights(now, learner_now)
+    # The server computes with the learner's latest weights.
+    obs = probe_obs()
+    version, logits = server_logits(algorithm, obs)
+    assert version == algorithm._inference.version >= 1
+    np.testing.assert_allclose(logits, module_logits(learner_module(algorithm), obs), atol=1e-5)
+    # The driver's module (what users evaluate) follows the learner too.
+    np.testing.assert_allclose(
+        module_logits(algorithm.get_module(), obs), logits, atol=1e-5, rtol=0
+    )
+
+
+@pytest.mark.ray
+def test_checkpoint_restores_into_a_fresh_algorithm_and_training_continues(seed_algo, tmp_path):
+    algorithm, _ = seed_algo
+    train_until_learned(algorithm)
+    path = algorithm.save_to_path(str(tmp_path / "ckpt"))
+    saved = state_of(learner_module(algorithm))
+    obs = probe_obs()
+    saved_logits = module_logits(learner_module(algorithm), obs)
+
+    restored = small_config().build_algo()
+    try:
+        assert not same_weights(state_of(learner_module(restored)), saved)
+        restored.restore_from_path(path)
+        assert same_weights(state_of(learner_module(restored)), saved)
+        # The restored weights went to the fresh algorithm's server.
+        _, logits = server_logits(restored, obs)
+        np.testing.assert_allclose(logits, saved_logits, atol=1e-5)
+        np.testing.assert_allclose(
+            module_logits(restored.get_module(), obs), saved_logits, atol=1e-5
+        )
+        result = train_until_learned(restored)
+        assert result["central_inference"]["requests_per_s"] > 0
+        assert result["central_inference"]["version"] >= 2  # restored weights, then new ones
+        assert not same_weights(state_of(learner_module(restored)), saved)  # it learned on
+    finally:
+        restored.stop()
+
+
+# ---- faults, local mode, shutdown (each with its own algorithm) ---------------------------------
+
+
+@pytest.mark.ray
+def test_killed_env_runner_is_reconnected_and_stop_leaves_no_actors(ray_session):
+    before = alive_actor_classes()
+    algorithm = small_config().build_algo()
+    try:
+        started = [name for i, name in alive_actor_classes().items() if i not in before]
+        assert started.count("InferenceServer") == 1
+        for _ in range(10):
+            result = algorithm.train()
+            if result["central_inference"]["num_requests"] > 0:
+                break
+        requests_before = result["central_inference"]["num_requests"]
+        ray.kill(algorithm.env_runner_group._worker_manager._actors[1], no_restart=False)
+        deadline = time.monotonic() + 180
+        while time.monotonic() < deadline:
+            result = algorithm.train()
+            metrics = result["central_inference"]
+            healthy = algorithm.env_runner_group.num_healthy_remote_workers()
+            if (
+                healthy == 2
+                and metrics["caller_restarts"] >= 1
+                and metrics["num_requests"] > requests_before + 200
+            ):
+                break
+        assert healthy == 2
+        assert metrics["caller_restarts"] >= 1  # runner 1 registered again
+        assert metrics["num_callers"] == 2  # under its old name, no new caller
+        assert metrics["num_requests"] > requests_before + 200  # requests kept flowing
+        connected = dict(
+            algorithm.env_runner_group.foreach_env_runner(
+                lambda r: (r.worker_index, r._inference_server is not None),
+                local_env_runner=False,
+            )
+        )
+        assert connected == {1: True, 2: True}
+        # The restarted runner samples through the server again.
+        sampled = dict(
+            algorithm.env_runner_group.foreach_env_runner(
+                lambda r: (r.worker_index, len(r.sample(num_timesteps=8, explore=True)) > 0),
+                local_env_runner=False,
+            )
+        )
+        assert sampled == {1: True, 2: True}
+    finally:
+        algorithm.stop()
+    assert actors_left_since(before) == []
+
+
+@pytest.mark.ray
+def test_local_mode_trains_without_a_server(ray_session):
+    before = alive_actor_classes()
+    algorithm = small_config(central=False).build_algo()
+    try:
+        assert algorithm._inference is None
+        servers = algorithm.env_runner_group.foreach_env_runner(
+            lambda r: r._inference_server, local_env_runner=False
+        )
+        assert servers == [None, None]
+        started = [name for i, name in alive_actor_classes().items() if i not in before]
+        assert started.count("VTraceEnvRunner") == 2 and "InferenceServer" not in started
+        for _ in range(30):  # the runners' first samples take a few seconds to arrive
+            result = algorithm.train()
+            if result.get("env_runners", {}).get("num_env_steps_sampled_lifetime", 0) > 0:
+                break
+        assert result["env_runners"]["num_env_steps_sampled_lifetime"] > 0
+        assert "central_inference" not in result
+    finally:
+        algorithm.stop()
+    assert actors_left_since(before) == []
