@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -176,3 +177,89 @@ def test_tianshou_gorila_vs_dqn_bench_writes_json_and_table(tmp_path):
     assert all(row["env_steps_per_s"] > 0 for row in result["throughput"])
     assert result["throughput"][0]["efficiency"] == 1.0
     assert "| CartPole-v1 | 0 |" in (tmp_path / "tianshou_gorila_vs_dqn.md").read_text()
+
+
+def test_rllib_seed_vtrace_example_trains_and_writes_checkpoint_and_curve(tmp_path):
+    out = run_script(
+        "examples/rllib_seed_vtrace_cartpole.py",
+        "--env-steps",
+        "2000",
+        "--eval-every",
+        "1000",
+        "--num-env-runners",
+        "2",
+        "--out",
+        str(tmp_path),
+    )
+    assert re.search(
+        r"final greedy evaluation return \(10 episodes\): \d+\.\d after \d+ env steps in \d+ s",
+        out,
+    )
+    assert "greedy evaluation return after" in out
+    assert "rows/batch" in out and "policy lag" in out  # progress lines with server metrics
+    assert (tmp_path / "checkpoint" / "rllib_checkpoint.json").exists()
+    assert (tmp_path / "learning_curve.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_rllib_vtrace_vs_appo_bench_writes_json_and_table(tmp_path):
+    run_script(
+        "benchmarks/rllib_vtrace_vs_appo.py",
+        "--seeds",
+        "0",
+        "--algos",
+        "vtrace-central",
+        "impala",
+        "--runners",
+        "2",
+        "--envs-per-runner",
+        "2",
+        "--max-seconds",
+        "8",
+        "--eval-every-s",
+        "4",
+        "--out",
+        str(tmp_path),
+    )
+    result = json.loads((tmp_path / "rllib_vtrace_vs_appo.json").read_text())
+    assert set(result["runs"]) == {"CartPole-v1"}
+    assert set(result["runs"]["CartPole-v1"]) == {"vtrace-central", "impala"}
+    for (run,) in result["runs"]["CartPole-v1"].values():
+        assert run["env_steps"] > 0
+        reached = run["seconds_to_target"]
+        assert reached is None or reached <= run["trained_seconds"]
+    summary = result["summary"]["CartPole-v1"]
+    assert set(summary["median_s"]) == {"vtrace-central", "impala"}
+    assert (summary["best_vtrace"], summary["best_baseline"]) == ("vtrace-central", "impala")
+    assert summary["ratio_bound"] in {"=", "<", ">", "n/a"}
+    assert "| CartPole-v1 | 0 |" in (tmp_path / "rllib_vtrace_vs_appo.md").read_text()
+
+
+def test_central_inference_bench_writes_json_and_table(tmp_path):
+    run_script(
+        "benchmarks/central_inference_bench.py",
+        "--envs",
+        "CartPole-v1",
+        "--runners",
+        "1",
+        "2",
+        "--seconds",
+        "2",
+        "--out",
+        str(tmp_path),
+        timeout=280,  # four Ray sessions; stays under pytest's 300 s on a busy machine
+    )
+    result = json.loads((tmp_path / "central_inference_bench.json").read_text())
+    modes = {"local", "central"} | ({"central-gpu"} if result["machine"]["gpu"] else set())
+    rows = result["results"]
+    assert {(r["runners"], r["mode"]) for r in rows} == {(n, m) for n in (1, 2) for m in modes}
+    for row in rows:
+        assert row["env_steps_per_s"] > 0
+        assert (row["server"] is None) == (row["mode"] == "local")
+        if row["server"] is not None:
+            assert row["server"]["mean_batch_requests"] >= 1.0
+            assert row["server"]["mean_batch_rows"] >= row["server"]["mean_batch_requests"]
+    assert {(r["runners"], r["mode"]) for r in result["ratios"]} == {
+        (n, m) for n in (1, 2) for m in modes - {"local"}
+    }
+    assert set(result["targets"]["met"]) == {"CartPole-v1"}
+    assert "| CartPole-v1 | 2 | central |" in (tmp_path / "central_inference_bench.md").read_text()

@@ -1,0 +1,279 @@
+"""Sampling throughput of SEED central inference vs local inference, with 1 to 8 env runners.
+
+For each env (CartPole-v1, and "SlowCartPole-v1": the same env with 2 ms of latency per step, a
+stand-in for a slow simulator), each number of env runners and each inference mode, a VTrace
+algorithm is built in a fresh ``ray.init(num_cpus=2)`` and trained for one iteration (warm-up:
+learner weights on the server or the runners). Then the driver keeps every env runner sampling
+(``sample(num_timesteps=--chunk)``, re-issued as soon as it returns; no learning) for
+``--seconds`` and counts the env steps. For central inference the server's request, batch and
+row counters are read before and after the window: the mean batch size is over the window.
+
+Modes: ``local`` (``central_inference(enabled=False)``: each runner runs its own copy of the
+policy), ``central`` (one inference server on CPU batches all runners' requests) and, when the
+driver sees a GPU, ``central-gpu`` (the server on the GPU: ``central_inference(num_gpus=1)``).
+
+Writes ``benchmarks/results/central_inference_bench.{json,md}``::
+
+    .venv/bin/python benchmarks/central_inference_bench.py [--runners 1 2 4 8] [--seconds 10]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import time
+from pathlib import Path
+
+import gymnasium as gym
+import ray
+import torch
+from slow_env import SlowStep
+
+RESULTS = Path(__file__).parent / "results"
+BENCH_TAG = "central_inference_bench"
+TARGET_RATIO = 0.8  # central >= 0.8x local env steps/s at the most runners (CPU) ...
+TARGET_BATCH_REQUESTS = 4.0  # ... with at least 4 requests per server batch
+
+
+def build_config(env: str, runners: int, mode: str, args):
+    from rllib_plugins import VTraceConfig
+
+    return (
+        VTraceConfig()
+        .environment(env)
+        .env_runners(
+            num_env_runners=runners,
+            num_envs_per_env_runner=args.envs_per_runner,
+            num_cpus_per_env_runner=args.cpus_per_runner,
+        )
+        .learners(num_learners=0)
+        .training(lr=5e-4, train_batch_size_per_learner=500)
+        .central_inference(
+            enabled=mode != "local",
+            max_batch_size=args.max_batch_size,
+            max_wait_ms=args.max_wait_ms,
+            num_cpus=args.server_cpus,
+            num_gpus=1.0 if mode == "central-gpu" else 0.0,
+        )
+        .reporting(min_time_s_per_iteration=1)
+        .debugging(seed=0)
+    )
+
+
+def server_totals(algo) -> dict[str, float]:
+    """The server's lifetime request, batch and row counters (empty in local mode)."""
+    if algo._inference is None:
+        return {}
+    stats = algo._inference.stats()
+    return {
+        "requests": stats["num_requests"],
+        "batches": stats["num_batches"],
+        "rows": stats["mean_batch_rows"] * stats["num_batches"],
+        "queue_ms_p50": stats["queue_ms_p50"],
+        "queue_ms_p99": stats["queue_ms_p99"],
+    }
+
+
+def sample_for(group, runners: int, seconds: float, chunk: int) -> tuple[int, float]:
+    """Keep every runner sampling ``chunk`` steps at a time for ``seconds``; (steps, seconds).
+
+    The clock stops when the last request returns, so every counted step lies in the window.
+    """
+
+    def sample(runner) -> int:
+        return sum(len(episode) for episode in runner.sample(num_timesteps=chunk))
+
+    steps = 0
+    start = time.perf_counter()
+    deadline = start + seconds
+    in_flight = group.foreach_env_runner_async(sample, tag=BENCH_TAG)
+    if in_flight != runners:
+        raise RuntimeError(f"only {in_flight} of {runners} env runners took a sample request")
+    while in_flight:
+        for runner_id, runner_steps in group.fetch_ready_async_reqs(
+            tags=BENCH_TAG, timeout_seconds=0.05
+        ):
+            steps += runner_steps
+            in_flight -= 1
+            if time.perf_counter() < deadline:
+                in_flight += group.foreach_env_runner_async(
+                    sample, tag=BENCH_TAG, remote_worker_ids=[runner_id]
+                )
+    return steps, time.perf_counter() - start
+
+
+def measure(env: str, runners: int, mode: str, args) -> dict:
+    from ray.tune.registry import register_env
+
+    import rllib_plugins  # noqa: F401  (registers VTrace)
+
+    register_env("SlowCartPole-v1", lambda _cfg: SlowStep(gym.make("CartPole-v1")))
+    algo = build_config(env, runners, mode, args).build_algo()
+    try:
+        algo.train()  # warm-up: one iteration, the learner's weights on the server / runners
+        group = algo.env_runner_group
+        # One synchronous round waits out IMPALA's sample requests still in flight; then
+        # their results are dropped, so that none counts against the runners' request limit.
+        group.foreach_env_runner(
+            lambda runner: len(runner.sample(num_timesteps=args.chunk)), local_env_runner=False
+        )
+        group.fetch_ready_async_reqs(timeout_seconds=5.0)
+        before = server_totals(algo)
+        steps, seconds = sample_for(group, runners, args.seconds, args.chunk)
+        after = server_totals(algo)
+    finally:
+        algo.stop()
+    row = {
+        "env": env,
+        "runners": runners,
+        "envs_per_runner": args.envs_per_runner,
+        "mode": mode,
+        "env_steps": steps,
+        "seconds": seconds,
+        "env_steps_per_s": steps / seconds,
+        "server": None,
+    }
+    if after:
+        batches = max(after["batches"] - before["batches"], 1)
+        requests = after["requests"] - before["requests"]
+        row["server"] = {
+            "requests": requests,
+            "batches": after["batches"] - before["batches"],
+            "requests_per_s": requests / seconds,
+            "mean_batch_requests": requests / batches,
+            "mean_batch_rows": (after["rows"] - before["rows"]) / batches,
+            "queue_ms_p50": after["queue_ms_p50"],
+            "queue_ms_p99": after["queue_ms_p99"],
+        }
+    return row
+
+
+def ratios(rows: list[dict]) -> list[dict]:
+    """Central / local env steps/s for every (env, runners, central mode)."""
+    local = {(r["env"], r["runners"]): r for r in rows if r["mode"] == "local"}
+    out = []
+    for row in rows:
+        base = local.get((row["env"], row["runners"]))
+        if row["mode"] == "local" or base is None:
+            continue
+        out.append(
+            {
+                "env": row["env"],
+                "runners": row["runners"],
+                "mode": row["mode"],
+                "ratio": row["env_steps_per_s"] / base["env_steps_per_s"],
+                "mean_batch_requests": row["server"]["mean_batch_requests"],
+            }
+        )
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--envs", nargs="+", default=["CartPole-v1", "SlowCartPole-v1"])
+    parser.add_argument("--runners", type=int, nargs="+", default=[1, 2, 4, 8])
+    parser.add_argument("--envs-per-runner", type=int, default=1)
+    parser.add_argument("--cpus-per-runner", type=float, default=0.1, help="Ray CPUs reserved")
+    parser.add_argument("--server-cpus", type=float, default=0.2, help="Ray CPUs reserved")
+    parser.add_argument("--max-batch-size", type=int, default=64, help="observations per batch")
+    parser.add_argument("--max-wait-ms", type=float, default=1.0, help="batching wait")
+    parser.add_argument("--seconds", type=float, default=10.0, help="sampling window per row")
+    parser.add_argument("--chunk", type=int, default=200, help="env steps per sample request")
+    parser.add_argument("--out", type=Path, default=RESULTS)
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+
+    gpu = torch.cuda.is_available()
+    modes = ["local", "central", *(["central-gpu"] if gpu else [])]
+    rows = []
+    for env in args.envs:
+        for runners in args.runners:
+            for mode in modes:
+                ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+                try:
+                    row = measure(env, runners, mode, args)
+                finally:
+                    ray.shutdown()
+                rows.append(row)
+                print(json.dumps(row), flush=True)
+
+    by_runners = ratios(rows)
+    most = max(args.runners)
+    at_most = [r for r in by_runners if r["runners"] == most and r["mode"] == "central"]
+    result = {
+        "benchmark": "central_inference_bench",
+        "date": time.strftime("%Y-%m-%d %H:%M:%S"),
+        "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "gpu": gpu},
+        "params": vars(args) | {"out": str(args.out)},
+        "results": rows,
+        "ratios": by_runners,
+        "targets": {
+            "runners": most,
+            "central_over_local_at_least": TARGET_RATIO,
+            "mean_batch_requests_at_least": TARGET_BATCH_REQUESTS,
+            "met": {
+                r["env"]: r["ratio"] >= TARGET_RATIO
+                and r["mean_batch_requests"] >= TARGET_BATCH_REQUESTS
+                for r in at_most
+            },
+        },
+    }
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "central_inference_bench.json").write_text(json.dumps(result, indent=2) + "\n")
+
+    ratio_of = {(r["env"], r["runners"], r["mode"]): r["ratio"] for r in by_runners}
+    lines = [
+        "# Central (SEED) vs local inference: env steps/s with "
+        f"{', '.join(map(str, args.runners))} env runners",
+        "",
+        f"VTrace, {args.envs_per_runner} env(s) per runner, runners sampling "
+        f"{args.chunk}-step chunks back to back for {args.seconds:.0f} s after one warm-up "
+        f"iteration (no learning in the window); server batches of <= {args.max_batch_size} "
+        f"observations, {args.max_wait_ms} ms wait. Ray with 2 CPUs, "
+        f"{result['machine']['cpus']} CPUs on the machine, GPU: {'yes' if gpu else 'no'}, "
+        f"one run ({result['date']} UTC). SlowCartPole-v1 adds 2 ms per env step.",
+        "",
+        "| env | runners | mode | env steps/s | central / local | requests/s | "
+        "requests per batch | rows per batch | queue p50 / p99 ms |",
+        "|---|---:|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    for row in rows:
+        server = row["server"]
+        ratio = ratio_of.get((row["env"], row["runners"], row["mode"]))
+        cells = [
+            row["env"],
+            str(row["runners"]),
+            row["mode"],
+            f"{row['env_steps_per_s']:,.0f}",
+            "" if ratio is None else f"{ratio:.2f}",
+        ]
+        if server is None:
+            cells += ["", "", "", ""]
+        else:
+            cells += [
+                f"{server['requests_per_s']:,.0f}",
+                f"{server['mean_batch_requests']:.1f}",
+                f"{server['mean_batch_rows']:.1f}",
+                f"{server['queue_ms_p50']:.1f} / {server['queue_ms_p99']:.1f}",
+            ]
+        lines.append("| " + " | ".join(cells) + " |")
+    lines += [
+        "",
+        f"Target (CPU): at {most} runners, central >= {TARGET_RATIO}x local with >= "
+        f"{TARGET_BATCH_REQUESTS:.0f} requests per server batch.",
+        "",
+    ]
+    for env, met in result["targets"]["met"].items():
+        (row,) = (r for r in at_most if r["env"] == env)
+        lines.append(
+            f"- {env}: {row['ratio']:.2f}x, {row['mean_batch_requests']:.1f} requests per batch: "
+            f"{'met' if met else 'not met'}"
+        )
+    (args.out / "central_inference_bench.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()
