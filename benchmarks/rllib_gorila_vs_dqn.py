@@ -235,7 +235,7 @@ def main() -> None:
         "|---|---:|---:|---:|---:|",
     ]
     for env, s in summary.items():
-        ratio = "n/a" if s["ratio"] is None else f"{s['ratio_bound']} {s['ratio']:.2f}"
+        ratio = "n/a" if s["ratio"] is None else f"{s['ratio_bound']} {s['ratio']:.3f}"
         lines.append(
             f"| {env} | {fmt(s['gorila_median_s'])} | {fmt(s['dqn_median_s'])} | {ratio} | "
             f"<= {result['targets'].get(env, float('nan'))} |"
