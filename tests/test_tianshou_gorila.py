@@ -514,13 +514,23 @@ def test_offpolicy_trainer_runs_and_logs_gorila_fields(gorila, tmp_path):
 # ---- Ray: faults and checkpoints ----------------------------------------------------------------
 @pytest.mark.ray
 def test_killed_actor_restarts_and_training_continues(cluster):
+    def make_slow_cartpole():  # defined here so that Ray ships it by value
+        class SlowCartPole(gym.Wrapper):
+            def step(self, action):
+                time.sleep(0.02)  # a rollout (2 envs x 16 steps) takes ~0.7 s
+                return self.env.step(action)
+
+        return SlowCartPole(gym.make("CartPole-v1"))
+
     algo = make_algo()
     with make_buffer() as buffer:
-        collector = make_collector(algo, buffer)
+        # Slow rollouts: the kill below lands while actor 0 is mid-rollout, never between two.
+        collector = make_collector(algo, buffer, env_factory=make_slow_cartpole)
         try:
             collector.collect(n_step=64)
             gradient_steps(algo, buffer, 5)
             assert collector.collect(n_step=32).weights_version == 5  # published
+            assert collector._actor_pool.num_in_flight(0) >= 1
             cluster.kill(collector._actor_pool.handles[0], no_restart=False)
             version_at_kill = algo.num_gradient_updates
             failures = lost = 0
