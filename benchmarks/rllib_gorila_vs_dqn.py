@@ -21,19 +21,17 @@ import argparse
 import json
 import os
 import platform
-import statistics
 import time
 from pathlib import Path
 
 import gymnasium as gym
 import ray
 import torch
+from race import TARGET, median_or_none, rllib_time_to_target
+from race import fmt_seconds as fmt
 from slow_env import slow_cartpole
 
-from rllib_plugins.evaluation import greedy_return
-
 RESULTS = Path(__file__).parent / "results"
-TARGET = 450.0
 
 
 def make_env(name: str) -> gym.Env:
@@ -112,45 +110,13 @@ def time_to_target(algo_name, env, seed, runners, max_seconds, eval_every_s) -> 
     register_env("SlowCartPole-v1", lambda _cfg: make_env("SlowCartPole-v1"))
     build = gorila_config if algo_name == "GorilaDQN" else dqn_config
     algo = build(env, seed, runners).build_algo()
-    trained = 0.0
-    last_eval = 0.0
-    env_steps = 0
-    reached = None
-    best = 0.0
-    try:
-        while trained < max_seconds:
-            start = time.perf_counter()
-            result = algo.train()
-            trained += time.perf_counter() - start
-            env_steps = int(result["env_runners"].get("num_env_steps_sampled_lifetime", 0))
-            if trained - last_eval < eval_every_s:
-                continue
-            last_eval = trained
-            module = algo.get_module()
-            # Evaluation needs no latency: SlowCartPole has CartPole's dynamics.
-            screen = greedy_return(module, "CartPole-v1", episodes=2, seed=1_000 * seed)
-            best = max(best, screen)
-            if (
-                screen >= TARGET
-                and greedy_return(module, "CartPole-v1", episodes=10, seed=7_000) >= TARGET
-            ):
-                reached = trained
-                break
-    finally:
-        algo.stop()
-    return {
-        "seconds_to_target": reached,
-        "trained_seconds": trained,
-        "env_steps": env_steps,
-        "best_screen_return": best,
-    }
-
-
-def median_or_none(values: list[float | None]) -> float | None:
-    """Median, counting runs that never reached the target as +inf (None if most did not)."""
-    finite = sorted(float("inf") if v is None else v for v in values)
-    med = statistics.median(finite)
-    return None if med == float("inf") else med
+    return rllib_time_to_target(
+        algo,
+        seed=seed,
+        max_seconds=max_seconds,
+        eval_every_s=eval_every_s,
+        greedy_module=lambda a: a.get_module(),
+    )
 
 
 def main() -> None:
@@ -208,9 +174,6 @@ def main() -> None:
     }
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "rllib_gorila_vs_dqn.json").write_text(json.dumps(result, indent=2) + "\n")
-
-    def fmt(v):
-        return "not reached" if v is None else f"{v:.0f} s"
 
     lines = [
         "# GorilaDQN vs RLlib DQN: wall-clock to greedy return >= 450 (10 episodes)",

@@ -28,19 +28,17 @@ import argparse
 import json
 import os
 import platform
-import statistics
 import time
 from pathlib import Path
 
 import gymnasium as gym
 import ray
 import torch
+from race import TARGET, median_or_none, rllib_time_to_target
+from race import fmt_seconds as fmt
 from slow_env import SlowStep
 
-from rllib_plugins.evaluation import greedy_return
-
 RESULTS = Path(__file__).parent / "results"
-TARGET = 450.0
 ALGOS = {
     "vtrace-central": "VTrace central",
     "vtrace-local": "VTrace local",
@@ -154,48 +152,13 @@ def time_to_target(algo_name, env, seed, args) -> dict:
     config = build_config(algo_name, env, seed, args.runners, args.envs_per_runner)
     algo = config.build_algo()
     wait_for_state_server(algo)
-    trained = 0.0
-    last_eval = 0.0
-    env_steps = 0
-    iterations = 0
-    reached = None
-    best = 0.0
-    try:
-        while trained < args.max_seconds:
-            start = time.perf_counter()
-            result = algo.train()
-            trained += time.perf_counter() - start
-            iterations += 1
-            env_steps = int(result["env_runners"].get("num_env_steps_sampled_lifetime", 0))
-            if trained - last_eval < args.eval_every_s:
-                continue
-            last_eval = trained
-            module = greedy_module(algo)
-            # Evaluation needs no latency: SlowCartPole has CartPole's dynamics.
-            screen = greedy_return(module, "CartPole-v1", episodes=2, seed=1_000 * seed)
-            best = max(best, screen)
-            if (
-                screen >= TARGET
-                and greedy_return(module, "CartPole-v1", episodes=10, seed=7_000) >= TARGET
-            ):
-                reached = trained
-                break
-    finally:
-        algo.stop()
-    return {
-        "seconds_to_target": reached,
-        "trained_seconds": trained,
-        "env_steps": env_steps,
-        "iterations": iterations,
-        "best_screen_return": best,
-    }
-
-
-def median_or_none(values: list[float | None]) -> float | None:
-    """Median, counting runs that never reached the target as +inf (None if most did not)."""
-    finite = sorted(float("inf") if v is None else v for v in values)
-    med = statistics.median(finite)
-    return None if med == float("inf") else med
+    return rllib_time_to_target(
+        algo,
+        seed=seed,
+        max_seconds=args.max_seconds,
+        eval_every_s=args.eval_every_s,
+        greedy_module=greedy_module,
+    )
 
 
 def best_of(medians: dict[str, float | None], names: tuple[str, ...]) -> tuple[str, float | None]:
@@ -277,9 +240,6 @@ def main() -> None:
     }
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "rllib_vtrace_vs_appo.json").write_text(json.dumps(result, indent=2) + "\n")
-
-    def fmt(v):
-        return "not reached" if v is None else f"{v:.0f} s"
 
     names = [ALGOS[name] for name in args.algos]
     lines = [

@@ -41,6 +41,8 @@ import gymnasium as gym
 import numpy as np
 import ray
 import torch
+from race import TARGET, median_or_none
+from race import fmt_seconds as fmt
 from slow_env import slow_cartpole
 from tianshou.algorithm import DQN
 from tianshou.algorithm.modelfree.dqn import DiscreteQLearningPolicy
@@ -53,7 +55,6 @@ from tianshou.utils.net.common import Net
 from tianshou_plugins import DistributedPrioritizedReplayBuffer, GorilaCollector, GorilaDQN
 
 RESULTS = Path(__file__).parent / "results"
-TARGET = 450.0
 TEST_EPISODES = 10
 ENVS = ("CartPole-v1", "SlowCartPole-v1")
 TARGETS = {"CartPole-v1": 1.0, "SlowCartPole-v1": 0.3, "throughput_efficiency": 0.8}
@@ -309,13 +310,6 @@ def collection_throughput(actor_counts: list[int], args) -> list[dict]:
     return rows
 
 
-def median_or_none(values: list[float | None]) -> float | None:
-    """Median, counting runs that never reached the target as +inf (None if most did not)."""
-    finite = sorted(float("inf") if v is None else v for v in values)
-    med = statistics.median(finite)
-    return None if med == float("inf") else med
-
-
 def summarise(runs: dict[str, dict[str, list[dict]]], max_seconds: float) -> dict:
     summary = {}
     for env, by_algo in runs.items():
@@ -345,9 +339,6 @@ def summarise(runs: dict[str, dict[str, list[dict]]], max_seconds: float) -> dic
 
 def markdown(result: dict) -> str:
     params, runs = result["params"], result["runs"]
-
-    def fmt(v):
-        return "not reached" if v is None else f"{v:.0f} s"
 
     lines = [
         "# Tianshou GorilaDQN vs Tianshou DQN: wall-clock to greedy return >= 450 (10 episodes)",

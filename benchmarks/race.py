@@ -1,0 +1,74 @@
+"""What the wall-clock-to-target benchmarks share: the RLlib race loop and the summaries.
+
+Imported by the benchmark scripts (their folder is on ``sys.path`` when they run).
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable
+from typing import Any
+
+TARGET = 450.0  # greedy return (10 episodes) that ends a race
+
+
+def rllib_time_to_target(
+    algo: Any,
+    *,
+    seed: int,
+    max_seconds: float,
+    eval_every_s: float,
+    greedy_module: Callable[[Any], Any],
+) -> dict:
+    """Train ``algo`` until its greedy policy averages ``TARGET`` or ``max_seconds`` of training.
+
+    Every ``eval_every_s`` seconds of training, a 2-episode greedy screen runs; when it passes,
+    10 episodes decide. Evaluation time is not counted. ``algo`` is stopped at the end.
+    """
+    from rllib_plugins.evaluation import greedy_return
+
+    trained = last_eval = 0.0
+    env_steps = iterations = 0
+    reached = None
+    best = 0.0
+    try:
+        while trained < max_seconds:
+            start = time.perf_counter()
+            result = algo.train()
+            trained += time.perf_counter() - start
+            iterations += 1
+            env_steps = int(result["env_runners"].get("num_env_steps_sampled_lifetime", 0))
+            if trained - last_eval < eval_every_s:
+                continue
+            last_eval = trained
+            module = greedy_module(algo)
+            # Evaluation needs no latency: SlowCartPole has CartPole's dynamics.
+            screen = greedy_return(module, "CartPole-v1", episodes=2, seed=1_000 * seed)
+            best = max(best, screen)
+            if (
+                screen >= TARGET
+                and greedy_return(module, "CartPole-v1", episodes=10, seed=7_000) >= TARGET
+            ):
+                reached = trained
+                break
+    finally:
+        algo.stop()
+    return {
+        "seconds_to_target": reached,
+        "trained_seconds": trained,
+        "env_steps": env_steps,
+        "iterations": iterations,
+        "best_screen_return": best,
+    }
+
+
+def median_or_none(values: list[float | None]) -> float | None:
+    """Median, counting runs that never reached the target as +inf (None if most did not)."""
+    finite = sorted(float("inf") if v is None else v for v in values)
+    med = statistics.median(finite)
+    return None if med == float("inf") else med
+
+
+def fmt_seconds(value: float | None) -> str:
+    return "not reached" if value is None else f"{value:.0f} s"
