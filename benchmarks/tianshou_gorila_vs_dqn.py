@@ -170,6 +170,7 @@ def gorila_run(env: str, seed: int, args) -> dict:
         num_shards=args.shards,
         num_cpus_per_shard=args.cpus_per_shard,
         min_size_to_sample=1_000,
+        batches_per_request=args.gorila_batches_per_request,
         seed=seed,
     )
     try:
@@ -350,6 +351,12 @@ def markdown(result: dict) -> str:
         f"{params['slow_actors']} x {params['slow_envs_per_actor']} on SlowCartPole-v1 "
         f"(2 ms per env step), learner in the driver, Ray with 2 CPUs; DQN: 8 envs "
         "(DummyVectorEnv; SubprocVectorEnv on SlowCartPole-v1).",
+        "",
+        f"GorilaDQN learner: {params['gorila_updates_per_step']} gradient steps per env step, "
+        f"batch {params['gorila_batch_size']}, lr {params['gorila_lr']}, target update every "
+        f"{params['gorila_target_update']} steps, Huber delta {params['gorila_huber_delta']}, "
+        f"{params.get('gorila_batches_per_request', 1)} batches per replay round trip "
+        "(priority updates sent as often).",
     ]
     if runs:
         lines += [
@@ -416,6 +423,12 @@ def main() -> None:
     gorila.add_argument("--gorila-batch-size", type=int, default=128)
     gorila.add_argument("--gorila-target-update", type=int, default=250)
     gorila.add_argument("--gorila-lr", type=float, default=1e-3)
+    gorila.add_argument(
+        "--gorila-batches-per-request",
+        type=int,
+        default=4,
+        help="learner batches per replay round trip (priority updates sent as often)",
+    )
     gorila.add_argument(
         "--gorila-huber-delta",
         type=lambda v: None if v.lower() == "none" else float(v),

@@ -3,8 +3,12 @@
 Actors only step environments. Every step each actor sends its observations to one
 :class:`InferenceServer`, which queues requests from all actors, runs the current policy once per
 batch (up to ``max_batch_size`` observations, or whatever arrived within ``max_wait_ms`` of the
-oldest queued request), and answers each request with its rows of the outputs plus the weight
-version used. The learner sends weights to the server only (:meth:`InferenceServer.set_weights`).
+oldest queued request, or at once when every active caller has a request queued: an actor waits
+for its reply, so nothing more can arrive), and answers each request with its rows of the
+outputs plus the weight version used. A caller is active while it has registered or sent a
+request within the last ``active_caller_window_s``; one that stopped (or died) delays batches
+by at most ``max_wait_ms`` until then. The learner sends weights to the server only
+(:meth:`InferenceServer.set_weights`).
 
 A plain class with ``async`` methods (an asyncio event loop batches concurrent calls); it runs and
 is tested without Ray, and ``rl_dist_ext.ray_actors.start_inference_server`` makes it an async
@@ -17,6 +21,7 @@ per-(actor, env) state on the server is not implemented.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections import deque
 from collections.abc import Callable
@@ -47,12 +52,14 @@ class InferenceServerConfig:
 
     max_batch_size: int = 64
     max_wait_ms: float = 2.0
+    active_caller_window_s: float = 1.0
     device: str = "cpu"
     latency_window: int = 4096
 
     def __post_init__(self) -> None:
         check_int("max_batch_size", self.max_batch_size, 1)
         check_real("max_wait_ms", self.max_wait_ms, low=0.0)
+        check_real("active_caller_window_s", self.active_caller_window_s, low=0.0)
         check_int("latency_window", self.latency_window, 1)
         if not isinstance(self.device, str) or not self.device:
             raise ValueError(f"device must be a torch device string, got {self.device!r}")
@@ -102,6 +109,9 @@ class InferenceServer:
         self._wake: asyncio.Event | None = None
         self._batcher: asyncio.Task | None = None
         self._callers: dict[str, int] = {}
+        self._last_seen: dict[str, float] = {}  # caller -> last register/infer time
+        self._queued_by_caller: dict[str, int] = {}
+        self._num_early_batches = 0
         self._latencies_ms: deque[float] = deque(maxlen=self._config.latency_window)
         self._started = time.monotonic()
         self._num_requests = 0
@@ -120,6 +130,7 @@ class InferenceServer:
         """
         seen = self._callers.get(caller, -1) + 1
         self._callers[caller] = seen
+        self._last_seen[caller] = time.monotonic()
         if seen:
             self._num_caller_restarts += 1
         return seen
@@ -136,6 +147,8 @@ class InferenceServer:
         request = _Request(caller, obs, loop.create_future(), time.monotonic())
         self._queue.append(request)
         self._rows_queued += obs.shape[0]
+        self._last_seen[caller] = request.enqueued
+        self._queued_by_caller[caller] = self._queued_by_caller.get(caller, 0) + 1
         self._wake.set()
         return await request.future
 
@@ -171,6 +184,7 @@ class InferenceServer:
             "num_batches": self._num_batches,
             "mean_batch_requests": self._num_requests / batches,
             "mean_batch_rows": self._num_rows / batches,
+            "early_batches": self._num_early_batches,
             "batch_fill": self._num_rows / batches / self._config.max_batch_size,
             "queue_ms_p50": float(p50),
             "queue_ms_p99": float(p99),
@@ -190,15 +204,27 @@ class InferenceServer:
                 await self._wake.wait()
             deadline = self._queue[0].enqueued + max_wait
             while self._rows_queued < max_rows:
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
+                now = time.monotonic()
+                if now >= deadline:
+                    break
+                next_expiry = self._next_expiry_of_a_caller_not_waiting(now)
+                if next_expiry is None:  # every active caller waits: nothing more can come
+                    self._num_early_batches += 1
                     break
                 self._wake.clear()
-                try:
-                    await asyncio.wait_for(self._wake.wait(), remaining)
-                except asyncio.TimeoutError:
-                    break
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(self._wake.wait(), min(deadline, next_expiry) - now)
             self._run_batch(self._take_batch(max_rows))
+
+    def _next_expiry_of_a_caller_not_waiting(self, now: float) -> float | None:
+        """When the first active caller with nothing queued stops being active (None: none)."""
+        window = self._config.active_caller_window_s
+        ends = [
+            seen + window
+            for caller, seen in self._last_seen.items()
+            if seen + window > now and not self._queued_by_caller.get(caller, 0)
+        ]
+        return min(ends) if ends else None
 
     def _take_batch(self, max_rows: int) -> list[_Request]:
         batch = [self._queue.popleft()]
@@ -208,6 +234,8 @@ class InferenceServer:
             rows += request.obs.shape[0]
             batch.append(request)
         self._rows_queued -= rows
+        for request in batch:
+            self._queued_by_caller[request.caller] -= 1
         return batch
 
     def _run_batch(self, batch: list[_Request]) -> None:

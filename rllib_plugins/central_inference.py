@@ -30,6 +30,7 @@ from ray.rllib.utils.numpy import convert_to_numpy
 from rl_dist_ext.inference import InferenceServerConfig
 from rl_dist_ext.ray_actors import start_inference_server
 from rl_dist_ext.validation import check_int, check_real
+from rllib_plugins.config_setters import set_provided
 
 log = logging.getLogger(__name__)
 
@@ -158,15 +159,8 @@ class CentralInferenceSettingsMixin:
             num_cpus, num_gpus: the server actor's resources (its own placement-group bundle);
                 with ``num_gpus > 0`` the server's module runs on the GPU.
         """
-        for name, value in (
-            ("enabled", enabled),
-            ("max_batch_size", max_batch_size),
-            ("max_wait_ms", max_wait_ms),
-            ("num_cpus", num_cpus),
-            ("num_gpus", num_gpus),
-        ):
-            if value is not NotProvided:
-                setattr(self, f"central_inference_{name}", value)
+        values = {k: v for k, v in locals().items() if k != "self"}
+        set_provided(self, {k: f"central_inference_{k}" for k in values}, values)
         return self
 
     def validate_central_inference(self) -> None:

@@ -10,6 +10,7 @@ from ray.rllib.utils.from_config import NotProvided
 from rl_dist_ext.replay.distributed import DistributedReplayConfig
 from rl_dist_ext.validation import check_int
 from rllib_plugins.central_inference import CentralInferenceSettingsMixin
+from rllib_plugins.config_setters import set_provided
 
 try:
     from typing import Self
@@ -83,6 +84,7 @@ class GorilaDQNConfig(CentralInferenceSettingsMixin, DQNConfig):
         self.replay_error_buffer: float | None = None
         self.replay_min_size_to_sample = 1_000
         self.replay_prefetch = 2
+        self.replay_batches_per_request = 1
         self.replay_num_cpus_per_shard = 0.1
         self.replay_snapshot_every_inserts: int | None = None
         self.replay_snapshot_dir: str | None = None
@@ -102,17 +104,19 @@ class GorilaDQNConfig(CentralInferenceSettingsMixin, DQNConfig):
     ) -> Self:
         """DQN's ``training()`` settings plus the Gorila ones (see the class docstring)."""
         super().training(**kwargs)
-        for name, value in (
-            ("target_update_every_n_updates", target_update_every_n_updates),
-            ("weight_sync_every_n_steps", weight_sync_every_n_steps),
-            ("updates_per_iteration", updates_per_iteration),
-            ("env_steps_per_request", env_steps_per_request),
-            ("publish_every_n_updates", publish_every_n_updates),
-            ("epsilon_base", epsilon_base),
-            ("epsilon_alpha", epsilon_alpha),
-        ):
-            if value is not NotProvided:
-                setattr(self, name, value)
+        set_provided(
+            self,
+            {},
+            {
+                "target_update_every_n_updates": target_update_every_n_updates,
+                "weight_sync_every_n_steps": weight_sync_every_n_steps,
+                "updates_per_iteration": updates_per_iteration,
+                "env_steps_per_request": env_steps_per_request,
+                "publish_every_n_updates": publish_every_n_updates,
+                "epsilon_base": epsilon_base,
+                "epsilon_alpha": epsilon_alpha,
+            },
+        )
         return self
 
     def replay(
@@ -128,16 +132,20 @@ class GorilaDQNConfig(CentralInferenceSettingsMixin, DQNConfig):
         error_buffer: float | None = NotProvided,
         min_size_to_sample: int = NotProvided,
         prefetch: int = NotProvided,
+        batches_per_request: int = NotProvided,
         num_cpus_per_shard: float = NotProvided,
         snapshot_dir: str | None = NotProvided,
         snapshot_every_inserts: int | None = NotProvided,
         checkpoint: bool = NotProvided,
     ) -> Self:
-        """Settings of the sharded replay; ``checkpoint=False`` leaves it out of checkpoints."""
-        for name, value in locals().items():
-            if name == "self" or value is NotProvided:
-                continue
-            setattr(self, "checkpoint_replay" if name == "checkpoint" else f"replay_{name}", value)
+        """Settings of the sharded replay; ``checkpoint=False`` leaves it out of checkpoints.
+
+        ``batches_per_request``: learner batches one sample request serves (priority updates are
+        sent as often); see ``rl_dist_ext.replay.distributed``.
+        """
+        values = {k: v for k, v in locals().items() if k != "self"}
+        names = {k: "checkpoint_replay" if k == "checkpoint" else f"replay_{k}" for k in values}
+        set_provided(self, names, values)
         return self
 
     def validate(self) -> None:
@@ -191,6 +199,7 @@ class GorilaDQNConfig(CentralInferenceSettingsMixin, DQNConfig):
             samples_per_insert=self.replay_samples_per_insert,
             error_buffer=self.replay_error_buffer,
             prefetch=self.replay_prefetch,
+            batches_per_request=self.replay_batches_per_request,
             num_cpus_per_shard=self.replay_num_cpus_per_shard,
             placement_group=placement_group,
             bundle_indices=bundle_indices,

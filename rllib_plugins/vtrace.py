@@ -4,7 +4,7 @@
 
 - the learner is :class:`~rllib_plugins.vtrace_learner.VTraceTorchLearner`
   (``rl_dist_ext.ops.vtrace``; ``.training(vtrace_clip_rho_threshold=...,
-  vtrace_clip_pg_rho_threshold=..., vtrace_lambda=...)``);
+  vtrace_clip_pg_rho_threshold=..., vtrace_lambda=...)``; a threshold of ``None`` = no clip);
 - ``.central_inference(enabled=True, max_batch_size=..., max_wait_ms=..., num_cpus=...,
   num_gpus=...)`` (default: enabled): SEED mode. Env runners only step envs; one
   :class:`~rl_dist_ext.inference.InferenceServer` (its own bundle in the algorithm's placement
@@ -95,7 +95,8 @@ class VTraceConfig(CentralInferenceSettingsMixin, IMPALAConfig):
         super().validate()
         check_real("vtrace_lambda", self.vtrace_lambda, low=0.0, high=1.0)
         for name in ("vtrace_clip_rho_threshold", "vtrace_clip_pg_rho_threshold"):
-            check_real(name, getattr(self, name), low=0.0, strict=True)
+            if getattr(self, name) is not None:  # None: no clipping
+                check_real(name, getattr(self, name), low=0.0, strict=True)
         if not self.in_evaluation:
             self.validate_central_inference()
 

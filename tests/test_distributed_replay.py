@@ -161,6 +161,41 @@ def test_updates_change_sampling_frequencies(make_replay):
     assert abs(share - expected) < 0.08, share
 
 
+def test_one_request_serves_batches_per_request_strided_batches(make_replay):
+    """K = 4: one 64-row stratified draw over 64 equal-priority rows hits every row once; the
+    four batches split it by stride, so each spans the whole shard and they partition it."""
+    replay = make_replay(num_shards=1, capacity=64, prefetch=1, batches_per_request=4)
+    replay.add(rows(0, 64), priorities=np.ones(64))
+    replay.flush()
+    samples = [replay.sample(16, beta=1.0) for _ in range(4)]
+    # one 64-row request for these four (+ the prefetched one, if the shard served it yet)
+    assert replay.refresh()[0].num_sampled in (64, 128)
+    ids = [s.batch["id"] for s in samples]
+    for j, batch_ids in enumerate(ids):
+        np.testing.assert_array_equal(batch_ids, np.arange(j, 64, 4))
+        np.testing.assert_array_equal(samples[j].keys, batch_ids)  # 1 shard: key = insert id
+        np.testing.assert_allclose(samples[j].weights, 1.0)
+    # a different batch size drops the split-off batches of the old size
+    assert replay.sample(8).batch["id"].shape == (8,)
+
+
+def test_priority_updates_are_sent_every_batches_per_request_calls(make_replay):
+    replay = make_replay(num_shards=1, capacity=64, alpha=1.0, eps=1e-9, batches_per_request=3)
+    replay.add(rows(0, 64), priorities=np.ones(64))
+    replay.flush()
+    total = replay.refresh()[0].total_priority
+    for i in range(2):  # gathered, not sent
+        replay.update_priorities(np.array([i]), np.array([11.0]))
+    replay._reap_updates(block=False)
+    assert replay.refresh()[0].total_priority == pytest.approx(total)
+    replay.update_priorities(np.array([2]), np.array([11.0]))  # third call: all three go
+    replay._wait_for_oldest(replay._updates, "a priority update")
+    assert replay.refresh()[0].total_priority == pytest.approx(total + 30.0)
+    replay.update_priorities(np.array([3]), np.array([11.0]))
+    replay.flush()  # flush sends a partial gathering too
+    assert replay.refresh()[0].total_priority == pytest.approx(total + 40.0)
+
+
 def test_rate_limiter_blocks_sampling_until_inserts_arrive(make_replay):
     replay = make_replay(
         num_shards=1,
@@ -336,6 +371,7 @@ def test_client_pickles_into_a_remote_producer(make_replay):
         ({"samples_per_insert": 0.0}, "samples_per_insert"),
         ({"error_buffer": 5.0}, "error_buffer"),
         ({"prefetch": 0}, "prefetch"),
+        ({"batches_per_request": 0}, "batches_per_request"),
         ({"max_in_flight_adds": 0}, "max_in_flight_adds"),
         ({"num_cpus_per_shard": -1}, "num_cpus_per_shard"),
         ({"bundle_indices": (0, 1)}, "placement_group"),

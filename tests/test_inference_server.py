@@ -73,11 +73,45 @@ def test_a_full_batch_runs_without_waiting_for_the_timeout():
     assert server._policy.batches == [4, 4]
 
 
-def test_a_lone_request_is_answered_after_max_wait():
-    server = _server(max_batch_size=1_000, max_wait_ms=5.0)
+def test_a_lone_caller_is_answered_at_once_not_after_max_wait():
+    server = _server(max_batch_size=1_000, max_wait_ms=10_000.0)
     reply = asyncio.run(asyncio.wait_for(server.infer("a", np.ones((2, 3))), timeout=5.0))
     assert reply.outputs["actions"].shape == (2,)
     assert server._policy.batches == [2]
+    assert asyncio.run(server.stats())["early_batches"] == 1
+
+
+def test_a_batch_runs_once_every_active_caller_has_a_request_queued():
+    """b is active (registered), so a's request waits for it; then both go in one batch."""
+    server = _server(max_batch_size=1_000, max_wait_ms=10_000.0, active_caller_window_s=30.0)
+
+    async def main():
+        await server.register("a")
+        await server.register("b")
+        first = asyncio.ensure_future(server.infer("a", np.ones((1, 3))))
+        await asyncio.sleep(0.2)
+        assert not first.done()  # waiting for b, not answered alone
+        second = await asyncio.wait_for(server.infer("b", np.ones((2, 3))), timeout=5.0)
+        return await first, second
+
+    first, second = asyncio.run(main())
+    assert server._policy.batches == [3]
+    assert first.queue_ms >= 150.0 and second.queue_ms < 150.0
+
+
+def test_a_caller_that_went_quiet_delays_others_only_until_its_window_ends():
+    server = _server(max_batch_size=1_000, max_wait_ms=10_000.0, active_caller_window_s=0.3)
+
+    async def main():
+        await asyncio.gather(server.infer("a", np.ones((1, 3))), server.infer("b", np.ones((1, 3))))
+        # b goes quiet: a's next request waits until b's 0.3 s window ends, not 10 s
+        waited = await asyncio.wait_for(server.infer("a", np.ones((1, 3))), timeout=5.0)
+        at_once = await asyncio.wait_for(server.infer("a", np.ones((1, 3))), timeout=5.0)
+        return waited, at_once
+
+    waited, at_once = asyncio.run(main())
+    assert 100.0 <= waited.queue_ms <= 3_000.0
+    assert at_once.queue_ms < 100.0
 
 
 def test_an_oversized_request_runs_as_its_own_batch():
@@ -159,6 +193,8 @@ def test_config_errors_and_recurrent_policies_are_rejected():
         InferenceServerConfig(max_wait_ms=-1.0)
     with pytest.raises(ValueError, match="device"):
         InferenceServerConfig(device="")
+    with pytest.raises(ValueError, match="active_caller_window_s"):
+        InferenceServerConfig(active_caller_window_s=-1.0)
 
     class Recurrent(_LinearPolicy):
         is_recurrent = True

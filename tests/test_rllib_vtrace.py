@@ -32,13 +32,13 @@ CLIP_RHO = 1.5
 CLIP_PG_RHO = 1.0
 
 
-def loss_settings(config, *, vtrace_lambda: float | None):
+def loss_settings(config, *, vtrace_lambda: float | None, clip_rho=CLIP_RHO, clip_pg=CLIP_PG_RHO):
     training = {
         "gamma": GAMMA,
         "vf_loss_coeff": VF_LOSS_COEFF,
         "entropy_coeff": ENTROPY_COEFF,
-        "vtrace_clip_rho_threshold": CLIP_RHO,
-        "vtrace_clip_pg_rho_threshold": CLIP_PG_RHO,
+        "vtrace_clip_rho_threshold": clip_rho,
+        "vtrace_clip_pg_rho_threshold": clip_pg,
     }
     if vtrace_lambda is not None:
         training["vtrace_lambda"] = vtrace_lambda
@@ -117,7 +117,9 @@ def learner_loss(learner, batch) -> torch.Tensor:
     )
 
 
-def reference_loss(module, batch, *, vtrace_lambda: float) -> tuple[torch.Tensor, dict]:
+def reference_loss(
+    module, batch, *, vtrace_lambda: float, clip_rho=CLIP_RHO, clip_pg=CLIP_PG_RHO
+) -> tuple[torch.Tensor, dict]:
     """The V-trace loss row by row: each row of FRAGMENT steps is one [T, 1] V-trace call whose
     bootstrap value is the value of the step that follows the row in the flat batch."""
     with torch.no_grad():
@@ -147,8 +149,8 @@ def reference_loss(module, batch, *, vtrace_lambda: float) -> tuple[torch.Tensor
             rewards=column(batch[Columns.REWARDS][rows]),
             values=column(values[rows]),
             bootstrap_value=bootstrap[None],
-            clip_rho_threshold=CLIP_RHO,
-            clip_pg_rho_threshold=CLIP_PG_RHO,
+            clip_rho_threshold=clip_rho,
+            clip_pg_rho_threshold=clip_pg,
             lambda_=vtrace_lambda,
         )
         pg_terms.append(-(target_logp[rows] * out.pg_advantages[:, 0] * real).sum())
@@ -192,6 +194,21 @@ def test_learner_loss_equals_the_core_vtrace_loss_with_lambda(make_learner):
     grads = [p.grad for p in module.parameters() if p.requires_grad]
     assert all(g is not None for g in grads)
     assert all(g.abs().sum() > 0 for g in grads)
+
+
+def test_clip_thresholds_of_none_mean_no_clipping(make_learner):
+    from rllib_plugins import VTraceConfig
+
+    torch.manual_seed(0)
+    config = loss_settings(VTraceConfig(), vtrace_lambda=0.9, clip_rho=None, clip_pg=None)
+    learner = make_learner(config)
+    batch = impala_layout_batch()
+    module = learner.module[DEFAULT_MODULE_ID]
+    loss = learner_loss(learner, batch)
+    unclipped, parts = reference_loss(module, batch, vtrace_lambda=0.9, clip_rho=None, clip_pg=None)
+    assert (parts["rhos"] > CLIP_RHO).any()  # clipping would change the loss
+    torch.testing.assert_close(loss, unclipped, rtol=1e-5, atol=1e-6)
+    assert not torch.allclose(loss, reference_loss(module, batch, vtrace_lambda=0.9)[0])
 
 
 def test_learner_loss_equals_rllib_impala_loss_when_lambda_is_one(make_learner):

@@ -29,6 +29,11 @@ def q_values(model: torch.nn.Module, obs: torch.Tensor) -> torch.Tensor:
     return model(obs, state=None, info={})[0]
 
 
+def cpu_state_dict(module: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """A detached CPU copy of ``module``'s state dict: what the actors load."""
+    return {k: v.detach().cpu().clone() for k, v in module.state_dict().items()}
+
+
 class GorilaActor:
     """Acts with a local policy copy and epsilon ``epsilon``; see the module docstring.
 

@@ -36,6 +36,9 @@ class DistributedPrioritizedReplayBuffer:
         samples_per_insert: keep sampled rows / inserted rows near this ratio (Reverb-style rate
             limiter; ``None`` = no limit). ``error_buffer`` is the allowed slack.
         prefetch: sample requests kept in flight by the learner.
+        batches_per_request: batches one sample request serves (and priority updates sent
+            together); K > 1 divides the learner's replay round trips by K for priorities up to
+            K batches older (Ape-X's learner also samples ahead).
         num_cpus_per_shard: CPUs reserved per shard (fractional: shards mostly wait).
         snapshot_dir, snapshot_every_inserts: periodic per-shard snapshots so that a restarted
             shard comes back with its rows.
@@ -55,6 +58,7 @@ class DistributedPrioritizedReplayBuffer:
         samples_per_insert: float | None = None,
         error_buffer: float | None = None,
         prefetch: int = 2,
+        batches_per_request: int = 1,
         num_cpus_per_shard: float = 0.1,
         snapshot_dir: str | None = None,
         snapshot_every_inserts: int | None = None,
@@ -70,6 +74,7 @@ class DistributedPrioritizedReplayBuffer:
             samples_per_insert=samples_per_insert,
             error_buffer=error_buffer,
             prefetch=prefetch,
+            batches_per_request=batches_per_request,
             num_cpus_per_shard=num_cpus_per_shard,
             snapshot_dir=snapshot_dir,
             snapshot_every_inserts=snapshot_every_inserts,

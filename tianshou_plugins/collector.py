@@ -29,7 +29,7 @@ from tianshou.data.collector import BaseCollector, CollectStats
 from rl_dist_ext.actor_pool import ActorPool
 from rl_dist_ext.exploration import apex_epsilons
 from rl_dist_ext.validation import check_int, check_real
-from tianshou_plugins.actor import GorilaActor
+from tianshou_plugins.actor import GorilaActor, cpu_state_dict
 from tianshou_plugins.buffer import DistributedPrioritizedReplayBuffer
 from tianshou_plugins.gorila_dqn import GorilaDQN
 
@@ -266,7 +266,7 @@ class GorilaCollector(BaseCollector[GorilaCollectStats]):
         if self._algorithm is not None:
             weights, version = self._algorithm.weights_for_actors()
         else:
-            weights = {k: v.detach().cpu().clone() for k, v in self.policy.state_dict().items()}
+            weights = cpu_state_dict(self.policy)
             version = self._publishes
         if version <= self._published_version:
             return

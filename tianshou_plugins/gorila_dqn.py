@@ -27,7 +27,7 @@ from tianshou.utils.torch_utils import torch_train_mode
 
 from rl_dist_ext.ops.priorities import DQNLoss, double_dqn_loss
 from rl_dist_ext.validation import check_int, check_real
-from tianshou_plugins.actor import q_values
+from tianshou_plugins.actor import cpu_state_dict, q_values
 from tianshou_plugins.buffer import DistributedPrioritizedReplayBuffer
 
 
@@ -91,8 +91,7 @@ class GorilaDQN(DQN[DiscreteQLearningPolicy]):
     # ---- what the actors get ------------------------------------------------------------------
     def weights_for_actors(self) -> tuple[dict[str, torch.Tensor], int]:
         """The policy's CPU state dict and its version (the number of gradient updates)."""
-        state = {k: v.detach().cpu().clone() for k, v in self.policy.state_dict().items()}
-        return state, self.num_gradient_updates
+        return cpu_state_dict(self.policy), self.num_gradient_updates
 
     # ---- one update: sample -> gradient step -> priorities -----------------------------------
     def update(

@@ -11,8 +11,12 @@ config, so it pickles: actors and learners each get their own copy.
   shard's total priority, so an item's probability is ``p_i / sum over all shards``;
   importance weights ``(N P(i)) ** -beta`` use the size and minimum priority across shards.
   ``prefetch`` requests stay in flight so the learner rarely waits on a round trip. The shard
-  totals used to pick come from the latest replies (at most a few batches old).
-- ``update_priorities`` splits keys by shard and sends them without waiting; keys of rows
+  totals used to pick come from the latest replies (at most a few batches old). With
+  ``batches_per_request = K`` one request draws ``K * B`` rows (stratified) and serves ``K``
+  batches (every K-th row each, so each batch still spans the whole priority range): K times
+  fewer round trips per learner update, for priorities up to K batches older.
+- ``update_priorities`` splits keys by shard and sends them without waiting (with
+  ``batches_per_request = K``: gathered over K calls, then sent together); keys of rows
   overwritten meanwhile are dropped by the shard and counted.
 - Rate limiting (Reverb semantics, per shard; see ``rate_limiter``) happens inside the shards:
   too far ahead, a sample or insert waits there, up to ``timeout_s``, then fails with
@@ -85,6 +89,7 @@ class DistributedReplayConfig:
     samples_per_insert: float | None = None
     error_buffer: float | None = None
     prefetch: int = 2
+    batches_per_request: int = 1
     max_in_flight_adds: int = 4
     num_cpus_per_shard: float = 0.25
     placement_group: Any = None
@@ -108,6 +113,7 @@ class DistributedReplayConfig:
                 f"({self.capacity}), or sampling could never start"
             )
         check_int("prefetch", self.prefetch, 1)
+        check_int("batches_per_request", self.batches_per_request, 1)
         check_int("max_in_flight_adds", self.max_in_flight_adds, 1)
         if not (isinstance(self.num_cpus_per_shard, numbers.Real) and self.num_cpus_per_shard >= 0):
             raise ValueError(f"num_cpus_per_shard must be >= 0, got {self.num_cpus_per_shard!r}")
@@ -241,7 +247,9 @@ class DistributedReplay:
         self._next_insert = int(self._rng.integers(len(handles)))
         self._adds: deque = deque()  # (ref, shard, batch, priorities, rows)
         self._samples: deque = deque()  # (ref, shard, batch_size)
+        self._ready: deque = deque()  # (batch_size, ReplaySample) split off a larger reply
         self._updates: deque = deque()  # (ref, shard, count)
+        self._gathered: list = []  # (keys, priorities) not sent yet (batches_per_request > 1)
         self._counters = _Counters()
 
     @property
@@ -288,7 +296,8 @@ class DistributedReplay:
         self._send_add(dict(batch), priorities, rows)
 
     def flush(self) -> None:
-        """Wait until every add and priority update sent by this client has been applied."""
+        """Wait until every add and priority update made by this client has been applied."""
+        self._send_gathered_priorities()
         while self._adds:
             self._reap_adds(block=True)
         while self._updates:
@@ -357,6 +366,9 @@ class DistributedReplay:
         import ray
 
         self._samples = deque(s for s in self._samples if s[2] == batch_size)
+        self._ready = deque(r for r in self._ready if r[0] == batch_size)
+        if self._ready:
+            return self._ready.popleft()[1]
         deadline = time.monotonic() + self._reply_timeout_s
         started = time.monotonic()
         if self._counters.first_sample_time is None:
@@ -399,7 +411,21 @@ class DistributedReplay:
             min_priority=min_priority,
         )
         keys = reply.keys * self.num_shards + shard
-        return ReplaySample(reply.batch, keys, weights)
+        per_request = self._config.batches_per_request
+        if per_request == 1:
+            return ReplaySample(reply.batch, keys, weights)
+        for j in range(1, per_request):  # strided: each batch spans the whole stratified draw
+            part = ReplaySample(
+                {k: v[j::per_request] for k, v in reply.batch.items()},
+                keys[j::per_request],
+                weights[j::per_request],
+            )
+            self._ready.append((batch_size, part))
+        return ReplaySample(
+            {k: v[::per_request] for k, v in reply.batch.items()},
+            keys[::per_request],
+            weights[::per_request],
+        )
 
     def _request_sample(self, batch_size: int) -> None:
         now = time.monotonic()
@@ -413,7 +439,8 @@ class DistributedReplay:
             shard = up[int(self._rng.choice(len(up), p=mass / mass.sum()))]
         else:  # nothing known yet: any live shard (its rate limiter waits for min size)
             shard = up[int(self._rng.integers(len(up)))]
-        self._samples.append((self._handles[shard].sample.remote(batch_size), shard, batch_size))
+        rows = batch_size * self._config.batches_per_request
+        self._samples.append((self._handles[shard].sample.remote(rows), shard, batch_size))
 
     # ---- priorities ---------------------------------------------------------------------------
     def update_priorities(self, keys: np.ndarray, priorities: np.ndarray) -> None:
@@ -428,6 +455,16 @@ class DistributedReplay:
             )
         if keys.size and (keys.min() < 0 or not np.isfinite(priorities).all()):
             raise ValueError("keys must be >= 0 and priorities finite")
+        self._gathered.append((keys, priorities))
+        if len(self._gathered) >= self._config.batches_per_request:
+            self._send_gathered_priorities()
+
+    def _send_gathered_priorities(self) -> None:
+        if not self._gathered:
+            return
+        keys = np.concatenate([k for k, _ in self._gathered])
+        priorities = np.concatenate([p for _, p in self._gathered])
+        self._gathered.clear()
         self._reap_updates(block=False)
         shards = keys % self.num_shards
         for shard in np.unique(shards):
@@ -580,6 +617,7 @@ class DistributedReplay:
                 )
         self.flush()
         self._samples.clear()
+        self._ready.clear()
         refs = [
             h.restore.remote(snapshot.join(path, f"shard_{i}.pkl"))
             for i, h in enumerate(self._handles)
@@ -594,6 +632,7 @@ class DistributedReplay:
 
         self.flush()
         self._samples.clear()
+        self._ready.clear()
         refs = [h.clear.remote() for h in self._handles]
         for shard, status in enumerate(ray.get(refs, timeout=self._config.timeout_s)):
             self._views[shard] = _ShardView()
@@ -607,7 +646,9 @@ class DistributedReplay:
             ray.kill(handle, no_restart=True)
         self._adds.clear()
         self._samples.clear()
+        self._ready.clear()
         self._updates.clear()
+        self._gathered.clear()
 
     def __enter__(self) -> DistributedReplay:
         return self
