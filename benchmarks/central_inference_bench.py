@@ -14,7 +14,8 @@ driver sees a GPU, ``central-gpu`` (the server on the GPU: ``central_inference(n
 
 Writes ``benchmarks/results/central_inference_bench.{json,md}``::
 
-    .venv/bin/python benchmarks/central_inference_bench.py [--runners 1 2 4 8] [--seconds 10]
+    .venv/bin/python benchmarks/central_inference_bench.py [--runners 1 2 4 8] \
+        [--envs-per-runner 1 8] [--seconds 10]
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ TARGET_RATIO = 0.8  # central >= 0.8x local env steps/s at the most runners (CPU
 TARGET_BATCH_REQUESTS = 4.0  # ... with at least 4 requests per server batch
 
 
-def build_config(env: str, runners: int, mode: str, args):
+def build_config(env: str, runners: int, envs_per_runner: int, mode: str, args):
     from rllib_plugins import VTraceConfig
 
     return (
@@ -45,7 +46,7 @@ def build_config(env: str, runners: int, mode: str, args):
         .environment(env)
         .env_runners(
             num_env_runners=runners,
-            num_envs_per_env_runner=args.envs_per_runner,
+            num_envs_per_env_runner=envs_per_runner,
             num_cpus_per_env_runner=args.cpus_per_runner,
         )
         .learners(num_learners=0)
@@ -104,13 +105,13 @@ def sample_for(group, runners: int, seconds: float, chunk: int) -> tuple[int, fl
     return steps, time.perf_counter() - start
 
 
-def measure(env: str, runners: int, mode: str, args) -> dict:
+def measure(env: str, runners: int, envs_per_runner: int, mode: str, args) -> dict:
     from ray.tune.registry import register_env
 
     import rllib_plugins  # noqa: F401  (registers VTrace)
 
     register_env("SlowCartPole-v1", lambda _cfg: SlowStep(gym.make("CartPole-v1")))
-    algo = build_config(env, runners, mode, args).build_algo()
+    algo = build_config(env, runners, envs_per_runner, mode, args).build_algo()
     try:
         algo.train()  # warm-up: one iteration, the learner's weights on the server / runners
         group = algo.env_runner_group
@@ -128,7 +129,7 @@ def measure(env: str, runners: int, mode: str, args) -> dict:
     row = {
         "env": env,
         "runners": runners,
-        "envs_per_runner": args.envs_per_runner,
+        "envs_per_runner": envs_per_runner,
         "mode": mode,
         "env_steps": steps,
         "seconds": seconds,
@@ -152,15 +153,20 @@ def measure(env: str, runners: int, mode: str, args) -> dict:
 
 def ratios(rows: list[dict]) -> list[dict]:
     """Central / local env steps/s for every (env, runners, central mode)."""
-    local = {(r["env"], r["runners"]): r for r in rows if r["mode"] == "local"}
+
+    def key(row: dict) -> tuple:
+        return row["env"], row["envs_per_runner"], row["runners"]
+
+    local = {key(r): r for r in rows if r["mode"] == "local"}
     out = []
     for row in rows:
-        base = local.get((row["env"], row["runners"]))
+        base = local.get(key(row))
         if row["mode"] == "local" or base is None:
             continue
         out.append(
             {
                 "env": row["env"],
+                "envs_per_runner": row["envs_per_runner"],
                 "runners": row["runners"],
                 "mode": row["mode"],
                 "ratio": row["env_steps_per_s"] / base["env_steps_per_s"],
@@ -174,7 +180,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--envs", nargs="+", default=["CartPole-v1", "SlowCartPole-v1"])
     parser.add_argument("--runners", type=int, nargs="+", default=[1, 2, 4, 8])
-    parser.add_argument("--envs-per-runner", type=int, default=1)
+    parser.add_argument("--envs-per-runner", type=int, nargs="+", default=[1, 8])
     parser.add_argument("--cpus-per-runner", type=float, default=0.1, help="Ray CPUs reserved")
     parser.add_argument("--server-cpus", type=float, default=0.2, help="Ray CPUs reserved")
     parser.add_argument("--max-batch-size", type=int, default=64, help="observations per batch")
@@ -188,16 +194,17 @@ def main() -> None:
     gpu = torch.cuda.is_available()
     modes = ["local", "central", *(["central-gpu"] if gpu else [])]
     rows = []
-    for env in args.envs:
-        for runners in args.runners:
-            for mode in modes:
-                ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
-                try:
-                    row = measure(env, runners, mode, args)
-                finally:
-                    ray.shutdown()
-                rows.append(row)
-                print(json.dumps(row), flush=True)
+    for envs_per_runner in args.envs_per_runner:
+        for env in args.envs:
+            for runners in args.runners:
+                for mode in modes:
+                    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+                    try:
+                        row = measure(env, runners, envs_per_runner, mode, args)
+                    finally:
+                        ray.shutdown()
+                    rows.append(row)
+                    print(json.dumps(row), flush=True)
 
     by_runners = ratios(rows)
     most = max(args.runners)
@@ -214,7 +221,7 @@ def main() -> None:
             "central_over_local_at_least": TARGET_RATIO,
             "mean_batch_requests_at_least": TARGET_BATCH_REQUESTS,
             "met": {
-                r["env"]: r["ratio"] >= TARGET_RATIO
+                f"{r['env']}, {r['envs_per_runner']} env(s) per runner": r["ratio"] >= TARGET_RATIO
                 and r["mean_batch_requests"] >= TARGET_BATCH_REQUESTS
                 for r in at_most
             },
@@ -223,27 +230,31 @@ def main() -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "central_inference_bench.json").write_text(json.dumps(result, indent=2) + "\n")
 
-    ratio_of = {(r["env"], r["runners"], r["mode"]): r["ratio"] for r in by_runners}
+    ratio_of = {
+        (r["env"], r["envs_per_runner"], r["runners"], r["mode"]): r["ratio"] for r in by_runners
+    }
     lines = [
         "# Central (SEED) vs local inference: env steps/s with "
         f"{', '.join(map(str, args.runners))} env runners",
         "",
-        f"VTrace, {args.envs_per_runner} env(s) per runner, runners sampling "
+        f"VTrace, {' or '.join(map(str, args.envs_per_runner))} env(s) per runner (one server "
+        "request carries all of a runner's envs), runners sampling "
         f"{args.chunk}-step chunks back to back for {args.seconds:.0f} s after one warm-up "
         f"iteration (no learning in the window); server batches of <= {args.max_batch_size} "
         f"observations, {args.max_wait_ms} ms wait. Ray with 2 CPUs, "
         f"{result['machine']['cpus']} CPUs on the machine, GPU: {'yes' if gpu else 'no'}, "
         f"one run ({result['date']} UTC). SlowCartPole-v1 adds 2 ms per env step.",
         "",
-        "| env | runners | mode | env steps/s | central / local | requests/s | "
+        "| env | envs/runner | runners | mode | env steps/s | central / local | requests/s | "
         "requests per batch | rows per batch | queue p50 / p99 ms |",
-        "|---|---:|---|---:|---:|---:|---:|---:|---:|",
+        "|---|---:|---:|---|---:|---:|---:|---:|---:|---:|",
     ]
     for row in rows:
         server = row["server"]
-        ratio = ratio_of.get((row["env"], row["runners"], row["mode"]))
+        ratio = ratio_of.get((row["env"], row["envs_per_runner"], row["runners"], row["mode"]))
         cells = [
             row["env"],
+            str(row["envs_per_runner"]),
             str(row["runners"]),
             row["mode"],
             f"{row['env_steps_per_s']:,.0f}",
@@ -265,11 +276,10 @@ def main() -> None:
         f"{TARGET_BATCH_REQUESTS:.0f} requests per server batch.",
         "",
     ]
-    for env, met in result["targets"]["met"].items():
-        (row,) = (r for r in at_most if r["env"] == env)
+    for row, met in zip(at_most, result["targets"]["met"].values(), strict=True):
         lines.append(
-            f"- {env}: {row['ratio']:.2f}x, {row['mean_batch_requests']:.1f} requests per batch: "
-            f"{'met' if met else 'not met'}"
+            f"- {row['env']}, {row['envs_per_runner']} env(s) per runner: {row['ratio']:.2f}x, "
+            f"{row['mean_batch_requests']:.1f} requests per batch: {'met' if met else 'not met'}"
         )
     (args.out / "central_inference_bench.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))

@@ -147,7 +147,11 @@ def main() -> None:
         target_update_freq=250,
     )
     buffer = DistributedPrioritizedReplayBuffer(
-        50_000, num_shards=args.num_shards, min_size_to_sample=1_000, seed=args.seed
+        50_000,
+        num_shards=args.num_shards,
+        min_size_to_sample=1_000,
+        batches_per_request=4,  # one replay round trip serves 4 learner batches
+        seed=args.seed,
     )
     collector = test_collector = eval_collector = None
     checkpoint_dir = (args.out / "checkpoint").resolve()

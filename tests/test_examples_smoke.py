@@ -242,6 +242,8 @@ def test_central_inference_bench_writes_json_and_table(tmp_path):
         "--runners",
         "1",
         "2",
+        "--envs-per-runner",
+        "2",
         "--seconds",
         "2",
         "--out",
@@ -257,9 +259,13 @@ def test_central_inference_bench_writes_json_and_table(tmp_path):
         assert (row["server"] is None) == (row["mode"] == "local")
         if row["server"] is not None:
             assert row["server"]["mean_batch_requests"] >= 1.0
-            assert row["server"]["mean_batch_rows"] >= row["server"]["mean_batch_requests"]
+            # every request carries both envs of its runner
+            assert row["server"]["mean_batch_rows"] == pytest.approx(
+                2 * row["server"]["mean_batch_requests"]
+            )
     assert {(r["runners"], r["mode"]) for r in result["ratios"]} == {
         (n, m) for n in (1, 2) for m in modes - {"local"}
     }
-    assert set(result["targets"]["met"]) == {"CartPole-v1"}
-    assert "| CartPole-v1 | 2 | central |" in (tmp_path / "central_inference_bench.md").read_text()
+    assert set(result["targets"]["met"]) == {"CartPole-v1, 2 env(s) per runner"}
+    table = (tmp_path / "central_inference_bench.md").read_text()
+    assert "| CartPole-v1 | 2 | 2 | central |" in table

@@ -80,6 +80,7 @@ def test_registered_with_tune_and_rllib(ray_session):
         (lambda c: c.replay(beta=2.0), "beta"),
         (lambda c: c.replay(num_shards=0), "num_shards"),
         (lambda c: c.replay(min_size_to_sample=10**9), "min_size_to_sample"),
+        (lambda c: c.replay(batches_per_request=0), "batches_per_request"),
         (lambda c: c.env_runners(num_env_runners=0), "num_env_runners"),
         (lambda c: c.learners(num_learners=2), "num_learners"),
     ],
@@ -88,6 +89,14 @@ def test_bad_config_values_raise_on_validate(change, match):
     config = change(small_config())
     with pytest.raises(ValueError, match=match):
         config.validate()
+
+
+def test_replay_settings_reach_the_replay_config():
+    config = small_config().replay(batches_per_request=4, prefetch=3, num_shards=3)
+    replay = config.replay_config()
+    assert (replay.batches_per_request, replay.prefetch, replay.num_shards) == (4, 3, 3)
+    # a later call changes only what it names
+    assert small_config().replay(prefetch=5).replay_config().batches_per_request == 1
 
 
 @pytest.mark.parametrize(

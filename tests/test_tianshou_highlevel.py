@@ -75,6 +75,8 @@ def test_gorila_params_are_validated():
         GorilaParams(num_actors=0)
     with pytest.raises(ValueError, match="num_cpus_per_actor"):
         GorilaParams(num_cpus_per_actor=-1)
+    with pytest.raises(ValueError, match="batches_per_request"):
+        GorilaParams(batches_per_request=0)
     from tianshou.highlevel.env import EnvFactoryRegistered, VectorEnvType
 
     builder = GorilaDQNExperimentBuilder(

@@ -56,6 +56,7 @@ class GorilaParams:
     beta: float = 0.4
     min_size_to_sample: int = 1_000
     samples_per_insert: float | None = None
+    batches_per_request: int = 4
     num_cpus_per_shard: float = 0.1
     seed: int | None = None
 
@@ -66,6 +67,7 @@ class GorilaParams:
         check_int("steps_per_env", self.steps_per_env, 1)
         check_int("num_shards", self.num_shards, 1)
         check_int("min_size_to_sample", self.min_size_to_sample, 1)
+        check_int("batches_per_request", self.batches_per_request, 1)
         check_real("num_cpus_per_actor", self.num_cpus_per_actor, low=0.0)
         check_real("num_cpus_per_shard", self.num_cpus_per_shard, low=0.0)
         if self.seed is not None:
@@ -79,6 +81,7 @@ class GorilaParams:
             beta=self.beta,
             min_size_to_sample=self.min_size_to_sample,
             samples_per_insert=self.samples_per_insert,
+            batches_per_request=self.batches_per_request,
             num_cpus_per_shard=self.num_cpus_per_shard,
             seed=self.seed,
         )
