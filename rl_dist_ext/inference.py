@@ -6,8 +6,9 @@ batch (up to ``max_batch_size`` observations, or whatever arrived within ``max_w
 oldest queued request, or at once when every active caller has a request queued: an actor waits
 for its reply, so nothing more can arrive), and answers each request with its rows of the
 outputs plus the weight version used. A caller is active while it has registered or sent a
-request within the last ``active_caller_window_s``; one that stopped (or died) delays batches
-by at most ``max_wait_ms`` until then. The learner sends weights to the server only
+request within the last ``active_caller_window_s`` and has not called
+:meth:`InferenceServer.idle` since; one that stopped (or died) delays batches by at most
+``max_wait_ms`` until then. The learner sends weights to the server only
 (:meth:`InferenceServer.set_weights`).
 
 A plain class with ``async`` methods (an asyncio event loop batches concurrent calls); it runs and
@@ -134,6 +135,13 @@ class InferenceServer:
         if seen:
             self._num_caller_restarts += 1
         return seen
+
+    async def idle(self, caller: str) -> None:
+        """``caller`` stops sending for a while (e.g. between rollouts): batches stop waiting
+        for it until its next request."""
+        self._last_seen.pop(caller, None)
+        if self._wake is not None:
+            self._wake.set()  # a batch waiting for this caller may run now
 
     async def infer(self, caller: str, obs: np.ndarray) -> InferenceReply:
         """The policy's outputs for ``obs`` (``[N, *obs_shape]``), batched with other callers."""

@@ -108,6 +108,12 @@ class CentralInferenceRunnerMixin:
         self._versions_used.append(reply.version)
         return reply.outputs
 
+    def pause_inference(self) -> None:
+        """Tell the server this runner sends nothing until its next request (end of a sample),
+        so that its batches do not wait for this runner meanwhile."""
+        if self._inference_server is not None:
+            self._inference_server.idle.remote(self._inference_caller)
+
     def _central_forward_exploration(self, batch: dict, **kwargs: Any) -> dict:
         return self._to_env_outputs(self._infer(batch[Columns.OBS]), explore=True)
 

@@ -118,6 +118,7 @@ class GorilaEnvRunner(CentralInferenceRunnerMixin, SingleAgentEnvRunner):
         if central:  # the weights that acted are the server's
             self.weights_version = int(np.mean(self._versions_used)) if self._versions_used else -1
             self._versions_used.clear()
+            self.pause_inference()
         return {
             "metrics": self.get_metrics(),
             "env_steps": steps,

@@ -66,6 +66,7 @@ class VTraceEnvRunner(CentralInferenceRunnerMixin, SingleAgentEnvRunner):
 
     def sample(self, *args: Any, **kwargs: Any):
         episodes = super().sample(*args, **kwargs)
+        self.pause_inference()
         self.log_versions_used()
         return episodes
 

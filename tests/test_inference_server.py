@@ -99,6 +99,25 @@ def test_a_batch_runs_once_every_active_caller_has_a_request_queued():
     assert first.queue_ms >= 150.0 and second.queue_ms < 150.0
 
 
+def test_a_caller_that_says_it_is_idle_is_not_waited_for():
+    server = _server(max_batch_size=1_000, max_wait_ms=10_000.0, active_caller_window_s=30.0)
+
+    async def main():
+        await server.register("a")
+        await server.register("b")
+        first = asyncio.ensure_future(server.infer("a", np.ones((1, 3))))
+        await asyncio.sleep(0.1)
+        assert not first.done()  # b is active: a waits for it
+        await server.idle("b")  # b went off to do something else: a's batch runs now
+        reply = await asyncio.wait_for(first, timeout=5.0)
+        again = await asyncio.wait_for(server.infer("a", np.ones((1, 3))), timeout=5.0)
+        return reply, again
+
+    reply, again = asyncio.run(main())
+    assert reply.queue_ms < 5_000.0 and again.queue_ms < 1_000.0
+    assert server._policy.batches == [1, 1]
+
+
 def test_a_caller_that_went_quiet_delays_others_only_until_its_window_ends():
     server = _server(max_batch_size=1_000, max_wait_ms=10_000.0, active_caller_window_s=0.3)
 
