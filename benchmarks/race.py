@@ -13,6 +13,33 @@ from typing import Any
 TARGET = 450.0  # greedy return (10 episodes) that ends a race
 
 
+def race_each_in_fresh_ray(
+    envs: list[str],
+    seeds: list[int],
+    algos: list[str],
+    run_one: Callable[[str, str, int], dict],
+) -> dict[str, dict[str, list[dict]]]:
+    """``run_one(algo, env, seed)`` for every env, seed and algo (algos alternating within a
+    seed), each in a fresh ``ray.init(num_cpus=2)``; env -> algo -> runs (with ``seed``)."""
+    import ray
+
+    width = max(len(name) for name in algos)
+    runs: dict[str, dict[str, list[dict]]] = {}
+    for env in envs:
+        runs[env] = {name: [] for name in algos}
+        for seed in seeds:
+            for algo_name in algos:
+                ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+                try:
+                    run = run_one(algo_name, env, seed)
+                finally:
+                    ray.shutdown()
+                run["seed"] = seed
+                runs[env][algo_name].append(run)
+                print(f"{env:16s} {algo_name:{width}s} seed {seed}: {run}", flush=True)
+    return runs
+
+
 def rllib_time_to_target(
     algo: Any,
     *,

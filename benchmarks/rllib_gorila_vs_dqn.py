@@ -25,9 +25,8 @@ import time
 from pathlib import Path
 
 import gymnasium as gym
-import ray
 import torch
-from race import TARGET, median_or_none, rllib_time_to_target
+from race import TARGET, median_or_none, race_each_in_fresh_ray, rllib_time_to_target
 from race import fmt_seconds as fmt
 from slow_env import slow_cartpole
 
@@ -130,21 +129,14 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(1)
 
-    runs: dict[str, dict[str, list[dict]]] = {}
-    for env in args.envs:
-        runs[env] = {"GorilaDQN": [], "DQN": []}
-        for seed in args.seeds:
-            for algo_name in ("GorilaDQN", "DQN"):
-                ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
-                try:
-                    run = time_to_target(
-                        algo_name, env, seed, args.runners, args.max_seconds, args.eval_every_s
-                    )
-                finally:
-                    ray.shutdown()
-                run["seed"] = seed
-                runs[env][algo_name].append(run)
-                print(f"{env:16s} {algo_name:9s} seed {seed}: {run}", flush=True)
+    runs = race_each_in_fresh_ray(
+        args.envs,
+        args.seeds,
+        ["GorilaDQN", "DQN"],
+        lambda algo_name, env, seed: time_to_target(
+            algo_name, env, seed, args.runners, args.max_seconds, args.eval_every_s
+        ),
+    )
 
     summary = {}
     for env, by_algo in runs.items():

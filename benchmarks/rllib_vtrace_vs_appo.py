@@ -35,7 +35,7 @@ from pathlib import Path
 import gymnasium as gym
 import ray
 import torch
-from race import TARGET, median_or_none, rllib_time_to_target
+from race import TARGET, median_or_none, race_each_in_fresh_ray, rllib_time_to_target
 from race import fmt_seconds as fmt
 from slow_env import SlowStep
 
@@ -215,19 +215,12 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(1)
 
-    runs: dict[str, dict[str, list[dict]]] = {}
-    for env in args.envs:
-        runs[env] = {name: [] for name in args.algos}
-        for seed in args.seeds:
-            for algo_name in args.algos:
-                ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
-                try:
-                    run = time_to_target(algo_name, env, seed, args)
-                finally:
-                    ray.shutdown()
-                run["seed"] = seed
-                runs[env][algo_name].append(run)
-                print(f"{env:16s} {algo_name:14s} seed {seed}: {run}", flush=True)
+    runs = race_each_in_fresh_ray(
+        args.envs,
+        args.seeds,
+        args.algos,
+        lambda algo_name, env, seed: time_to_target(algo_name, env, seed, args),
+    )
 
     summary = {env: summarize(by_algo, args.max_seconds) for env, by_algo in runs.items()}
     result = {

@@ -166,7 +166,7 @@ class CentralInferenceSettingsMixin:
                 with ``num_gpus > 0`` the server's module runs on the GPU.
         """
         values = {k: v for k, v in locals().items() if k != "self"}
-        set_provided(self, {k: f"central_inference_{k}" for k in values}, values)
+        set_provided(self, values, {k: f"central_inference_{k}" for k in values})
         return self
 
     def validate_central_inference(self) -> None:

@@ -106,7 +106,6 @@ class GorilaDQNConfig(CentralInferenceSettingsMixin, DQNConfig):
         super().training(**kwargs)
         set_provided(
             self,
-            {},
             {
                 "target_update_every_n_updates": target_update_every_n_updates,
                 "weight_sync_every_n_steps": weight_sync_every_n_steps,
@@ -145,7 +144,7 @@ class GorilaDQNConfig(CentralInferenceSettingsMixin, DQNConfig):
         """
         values = {k: v for k, v in locals().items() if k != "self"}
         names = {k: "checkpoint_replay" if k == "checkpoint" else f"replay_{k}" for k in values}
-        set_provided(self, names, values)
+        set_provided(self, values, names)
         return self
 
     def validate(self) -> None:

@@ -411,21 +411,13 @@ class DistributedReplay:
             min_priority=min_priority,
         )
         keys = reply.keys * self.num_shards + shard
-        per_request = self._config.batches_per_request
-        if per_request == 1:
-            return ReplaySample(reply.batch, keys, weights)
-        for j in range(1, per_request):  # strided: each batch spans the whole stratified draw
-            part = ReplaySample(
-                {k: v[j::per_request] for k, v in reply.batch.items()},
-                keys[j::per_request],
-                weights[j::per_request],
-            )
-            self._ready.append((batch_size, part))
-        return ReplaySample(
-            {k: v[::per_request] for k, v in reply.batch.items()},
-            keys[::per_request],
-            weights[::per_request],
-        )
+        k = self._config.batches_per_request
+        parts = [  # strided: each batch spans the whole stratified draw (k = 1: the reply)
+            ReplaySample({c: v[j::k] for c, v in reply.batch.items()}, keys[j::k], weights[j::k])
+            for j in range(k)
+        ]
+        self._ready.extend((batch_size, part) for part in parts[1:])
+        return parts[0]
 
     def _request_sample(self, batch_size: int) -> None:
         now = time.monotonic()
