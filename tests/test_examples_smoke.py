@@ -240,32 +240,38 @@ def test_central_inference_bench_writes_json_and_table(tmp_path):
         "--envs",
         "CartPole-v1",
         "--runners",
-        "1",
         "2",
         "--envs-per-runner",
+        "2",
+        "--env-groups",
         "2",
         "--seconds",
         "2",
         "--out",
         str(tmp_path),
-        timeout=280,  # four Ray sessions; stays under pytest's 300 s on a busy machine
+        timeout=280,  # three Ray sessions; stays under pytest's 300 s on a busy machine
     )
     result = json.loads((tmp_path / "central_inference_bench.json").read_text())
-    modes = {"local", "central"} | ({"central-gpu"} if result["machine"]["gpu"] else set())
+    modes = {"local", "central", "central-2-groups"}
+    modes |= {"central-gpu"} if result["machine"]["gpu"] else set()
     rows = result["results"]
-    assert {(r["runners"], r["mode"]) for r in rows} == {(n, m) for n in (1, 2) for m in modes}
+    assert {(r["runners"], r["mode"]) for r in rows} == {(2, m) for m in modes}
     for row in rows:
         assert row["env_steps_per_s"] > 0
         assert (row["server"] is None) == (row["mode"] == "local")
         if row["server"] is not None:
             assert row["server"]["mean_batch_requests"] >= 1.0
-            # every request carries both envs of its runner
+            # a request carries both envs of its runner, or the one env of its group
+            envs_per_request = 1 if row["mode"] == "central-2-groups" else 2
             assert row["server"]["mean_batch_rows"] == pytest.approx(
-                2 * row["server"]["mean_batch_requests"]
+                envs_per_request * row["server"]["mean_batch_requests"]
             )
     assert {(r["runners"], r["mode"]) for r in result["ratios"]} == {
-        (n, m) for n in (1, 2) for m in modes - {"local"}
+        (2, m) for m in modes - {"local"}
     }
-    assert set(result["targets"]["met"]) == {"CartPole-v1, 2 env(s) per runner"}
+    assert set(result["targets"]["met"]) == {
+        f"CartPole-v1, 2 env(s) per runner, {m}" for m in modes - {"local"}
+    }
     table = (tmp_path / "central_inference_bench.md").read_text()
     assert "| CartPole-v1 | 2 | 2 | central |" in table
+    assert "| CartPole-v1 | 2 | 2 | central-2-groups |" in table

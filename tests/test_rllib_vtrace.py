@@ -317,6 +317,21 @@ def test_registered_with_tune_and_rllib():
         (lambda c: c.central_inference(num_gpus=-1), "num_gpus"),
         (lambda c: c.central_inference(enabled="yes"), "enabled"),
         (lambda c: c.env_runners(num_env_runners=0), "num_env_runners"),
+        (lambda c: c.central_inference(num_env_groups=0), "num_env_groups"),
+        (lambda c: c.central_inference(num_env_groups=1.5), "num_env_groups"),
+        (lambda c: c.central_inference(num_env_groups=3), "must divide"),
+        (
+            lambda c: c.central_inference(num_env_groups=2).env_runners(
+                gym_env_vectorize_mode="async"
+            ),
+            "gym_env_vectorize_mode",
+        ),
+        (
+            lambda c: c.central_inference(num_env_groups=2).fault_tolerance(
+                restart_failed_sub_environments=True
+            ),
+            "restart_failed_sub_environments",
+        ),
     ],
 )
 def test_bad_config_values_raise_on_validate(change, match):
@@ -330,6 +345,9 @@ def test_valid_edge_values_pass_validation():
     small_config().training(vtrace_lambda=1.0).validate()
     # Local inference needs no remote env runner.
     small_config(central=False).env_runners(num_env_runners=0).validate()
+    small_config().central_inference(num_env_groups=4).validate()  # one env per group
+    # Env groups only concern central inference.
+    small_config(central=False).central_inference(num_env_groups=3).validate()
 
 
 @pytest.mark.ray
@@ -661,6 +679,50 @@ def test_killed_env_runner_is_reconnected_and_stop_leaves_no_actors(ray_session)
             )
         )
         assert sampled == {1: True, 2: True}
+    finally:
+        algorithm.stop()
+    assert actors_left_since(before) == []
+
+
+@pytest.mark.ray
+def test_env_groups_take_turns_at_the_server_and_keep_env_seeds(ray_session):
+    """One runner, 4 envs in 2 groups. A group hands the runner to the other while its request
+    is at the server, so both groups' requests queue together: with a single runner every
+    server batch then holds 2 requests (without groups: 1, as the runner waits for each
+    reply). Env ``i`` keeps seed ``runner seed + i``; training runs end to end."""
+    before = alive_actor_classes()
+    config = (
+        small_config()
+        .env_runners(num_env_runners=1)
+        .central_inference(num_env_groups=2, max_wait_ms=200.0)
+    )
+    algorithm = config.build_algo()
+    try:
+        group = algorithm.env_runner_group
+        counters = ("num_requests", "num_batches")
+        start = {k: algorithm._inference.stats()[k] for k in counters}
+
+        def first_sample(runner) -> tuple[int | None, list]:
+            episodes = runner.sample(num_timesteps=80, explore=True)
+            return runner._seed, episodes
+
+        ((seed, episodes),) = group.foreach_env_runner(first_sample, local_env_runner=False)
+        stats = algorithm._inference.stats()
+        requests = stats["num_requests"] - start["num_requests"]
+        batches = stats["num_batches"] - start["num_batches"]
+        assert 80 <= sum(len(episode) for episode in episodes) < 84
+        # 2 groups x ~21 requests (reset observations included), nearly all answered in pairs.
+        assert requests >= 40
+        assert requests / batches >= 1.8, (requests, batches)
+        assert stats["num_callers"] == 3  # the runner's own caller id and one per group
+        # Each env's first episode starts from the env's seeded reset.
+        starts = {
+            tuple(episode.get_observations(0)) for episode in episodes if episode.t_started == 0
+        }
+        for i in range(4):
+            expected, _ = gym.make("CartPole-v1").reset(seed=seed + i)
+            assert tuple(expected) in starts, (i, expected)
+        train_until_learned(algorithm)
     finally:
         algorithm.stop()
     assert actors_left_since(before) == []

@@ -59,10 +59,11 @@ def test_vtrace_learns_cartpole_within_env_step_budget(ray_session, central):
 
 
 def test_gorila_dqn_in_seed_mode_learns_cartpole_within_env_step_budget(ray_session):
-    """GorilaDQN with central inference: greedy return >= 150 within 50k env steps (the
-    budget of its local-inference test), checked every 5k env steps."""
+    """GorilaDQN with central inference, each runner's 4 envs in 2 groups that take turns at
+    the server: greedy return >= 150 within 50k env steps (the budget of its local-inference
+    test), checked every 5k env steps."""
     config = test_rllib_gorila.small_config(updates_per_iteration=64).central_inference(
-        enabled=True, num_cpus=0.2
+        enabled=True, num_cpus=0.2, num_env_groups=2
     )
     algorithm = config.build_algo()
     scores = []
@@ -76,7 +77,8 @@ def test_gorila_dqn_in_seed_mode_learns_cartpole_within_env_step_budget(ray_sess
                 scores.append((steps, greedy(algorithm)))
                 if scores[-1][1] >= THRESHOLD:
                     break
-        assert result["central_inference"]["num_callers"] == 2
+        # Per runner: its own caller id (priorities' Q-values) and one per env group.
+        assert result["central_inference"]["num_callers"] == 2 * 3
         assert result["central_inference"]["version"] > 0
     finally:
         algorithm.stop()
