@@ -156,6 +156,7 @@ class InferenceServer:
         self._queue.append(request)
         self._rows_queued += obs.shape[0]
         self._last_seen[caller] = request.enqueued
+        self._callers.setdefault(caller, 0)  # known after a server restart without registering
         self._queued_by_caller[caller] = self._queued_by_caller.get(caller, 0) + 1
         self._wake.set()
         return await request.future

@@ -6,11 +6,13 @@
   (``rl_dist_ext.ops.vtrace``; ``.training(vtrace_clip_rho_threshold=...,
   vtrace_clip_pg_rho_threshold=..., vtrace_lambda=...)``; a threshold of ``None`` = no clip);
 - ``.central_inference(enabled=True, max_batch_size=..., max_wait_ms=..., num_cpus=...,
-  num_gpus=...)`` (default: enabled): SEED mode. Env runners only step envs; one
+  num_gpus=..., num_env_groups=1)`` (default: enabled): SEED mode. Env runners only step envs; one
   :class:`~rl_dist_ext.inference.InferenceServer` (its own bundle in the algorithm's placement
   group; on a GPU when ``num_gpus > 0``) batches their observations, samples the actions and
   returns their log-probs. The learner's weights go to the server after every training step and
-  never to the runners. With ``enabled=False`` runners infer locally (IMPALA mode).
+  never to the runners. With ``enabled=False`` runners infer locally (IMPALA mode). With
+  ``num_env_groups=2`` each runner's envs form two groups that take turns: one steps while the
+  other's request is at the server.
 
 Metrics in ``train()`` results under ``"central_inference"``: server requests/s, mean batch size
 and fill, queueing latency p50/p99, weights version and policy lag (server version minus the

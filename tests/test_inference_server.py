@@ -173,6 +173,21 @@ def test_a_restarted_caller_is_recognised():
     assert stats["caller_restarts"] == 1
 
 
+def test_callers_that_never_registered_are_known_from_their_requests():
+    """After a server restart the runners keep sending without registering again."""
+    server = _server(max_wait_ms=0.0)
+
+    async def main():
+        await server.register("runner-1")
+        for caller in ("runner-1", "runner-2", "runner-2"):
+            await server.infer(caller, np.ones((1, 3)))
+        return await server.stats()
+
+    stats = asyncio.run(main())
+    assert stats["num_callers"] == 2
+    assert stats["caller_restarts"] == 0
+
+
 def test_a_failing_policy_fails_every_request_of_its_batch_and_the_server_goes_on():
     class Flaky(_LinearPolicy):
         def __call__(self, obs):

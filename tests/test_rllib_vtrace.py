@@ -273,6 +273,12 @@ def alive_actor_classes() -> dict[str, str]:
     }
 
 
+def server_restarts(handle) -> int:
+    from ray._private import state
+
+    return int(state.actors()[handle._actor_id.hex()]["NumRestarts"])
+
+
 def actors_left_since(before: dict[str, str], timeout_s: float = 60.0) -> list[str]:
     """Class names of actors alive now that were not alive in ``before``; deaths reach the GCS
     asynchronously, so this polls for up to ``timeout_s``."""
@@ -453,7 +459,8 @@ def test_inference_server_actor_batches_callers_versions_and_restarts(ray_sessio
         np.testing.assert_array_equal(reply.outputs["echo"], np.ones((1, 3)))
         assert ray.get(server.get_version.remote()) == -1
         stats = ray.get(server.stats.remote())
-        assert stats["num_requests"] == 1 and stats["num_callers"] == 0  # a fresh instance
+        assert stats["num_requests"] == 1  # a fresh instance
+        assert stats["num_callers"] == 1  # the caller that sent since is known again
         assert ray.get(server.set_weights.remote(7.0, 1)) == 1  # it takes weights again
         reply = ray.get(server.infer.remote("caller-0", np.ones((1, 3))))
         assert reply.version == 1 and reply.outputs["echo"][0, 0] == 8.0
@@ -679,6 +686,35 @@ def test_killed_env_runner_is_reconnected_and_stop_leaves_no_actors(ray_session)
             )
         )
         assert sampled == {1: True, 2: True}
+    finally:
+        algorithm.stop()
+    assert actors_left_since(before) == []
+
+
+@pytest.mark.ray
+def test_killed_inference_server_is_restarted_and_gets_the_learner_weights_again(ray_session):
+    """Ray restarts the server with initial weights; the runners wait out the restart and
+    the next push brings the learner's weights back, so training goes on."""
+    before = alive_actor_classes()
+    algorithm = small_config().build_algo()
+    try:
+        train_until_learned(algorithm)
+        pushed_before = algorithm._inference.version
+        ray.kill(algorithm._inference.handle, no_restart=False)
+        deadline = time.monotonic() + 180
+        while time.monotonic() < deadline:
+            metrics = algorithm.train().get("central_inference", {})
+            # A fresh server instance counts from zero: these requests came after the restart.
+            if metrics.get("num_requests", 0) > 200 and metrics.get("version", -1) > pushed_before:
+                break
+        assert metrics["num_requests"] > 200, metrics
+        assert metrics["version"] > pushed_before, metrics  # learned weights after the restart
+        assert metrics["num_callers"] == 2  # both runners, known again from their requests
+        assert server_restarts(algorithm._inference.handle) >= 1
+        assert algorithm.env_runner_group.num_healthy_remote_workers() == 2
+        obs = probe_obs()
+        _, logits = server_logits(algorithm, obs)
+        np.testing.assert_allclose(logits, module_logits(learner_module(algorithm), obs), atol=1e-5)
     finally:
         algorithm.stop()
     assert actors_left_since(before) == []
