@@ -181,6 +181,8 @@ class CentralInferenceRunnerMixin:
                 return super()._sample(num_timesteps=num_timesteps, explore=explore, **kwargs)
             finally:
                 self._leave_group(group)
+                # Done before the other groups: their batches need not wait for this one.
+                self._inference_server.idle.remote(group.caller)
 
     def _enter_group(self, group: _EnvGroup) -> None:
         for name, value in group.state.items():
