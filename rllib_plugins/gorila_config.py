@@ -34,9 +34,10 @@ class GorilaDQNConfig(CentralInferenceSettingsMixin, DQNConfig):
       samples_per_insert=None, ...)``: the distributed replay (see
       :class:`rl_dist_ext.replay.distributed.DistributedReplayConfig`).
     - ``.central_inference(enabled=False, max_batch_size=64, max_wait_ms=2.0, num_cpus=1.0,
-      num_gpus=0.0, num_env_groups=1)``: SEED mode. Runners send observations to one inference server that
-      returns Q-values; each runner still applies its own epsilon and computes initial
-      priorities from the server's Q-values. Weights go to the server, not to the runners.
+      num_gpus=0.0, num_env_groups=1)``: SEED mode. Runners send observations to one
+      inference server that returns Q-values; each runner still applies its own epsilon and
+      computes initial priorities from the server's Q-values. Weights go to the server, not to
+      the runners.
 
     Example::
 
