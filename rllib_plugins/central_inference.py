@@ -195,11 +195,10 @@ class CentralInferenceRunnerMixin:
 
     def _groups_for_sampling(self) -> list[_EnvGroup]:
         """The env groups (cut from the runner's vector env; again if RLlib rebuilt it)."""
-        callers = self._group_callers() if self._inference_server is not None else []
-        if not callers:
+        if self._group_threads is None:  # not connected, or a single group
             return []
         if self._grouped_env is not self.env:
-            self._env_groups = self._cut_env_into_groups(callers)
+            self._env_groups = self._cut_env_into_groups(self._group_callers())
             self._grouped_env = self.env
         return self._env_groups
 
@@ -268,10 +267,10 @@ class CentralInferenceRunnerMixin:
 
     def pause_inference(self) -> None:
         """Tell the server this runner sends nothing until its next request (end of a sample),
-        so that its batches do not wait for this runner meanwhile."""
+        so that its batches do not wait for this runner meanwhile. (Env groups say so
+        themselves when their share of a sample is done.)"""
         if self._inference_server is not None:
-            for caller in [self._inference_caller, *self._group_callers()]:
-                self._inference_server.idle.remote(caller)
+            self._inference_server.idle.remote(self._inference_caller)
 
     def _central_forward_exploration(self, batch: dict, **kwargs: Any) -> dict:
         return self._to_env_outputs(self._infer(batch[Columns.OBS]), explore=True)

@@ -81,16 +81,23 @@ def test_a_lone_caller_is_answered_at_once_not_after_max_wait():
     assert asyncio.run(server.stats())["early_batches"] == 1
 
 
+async def _a_request_waiting_for_registered_b(server: InferenceServer, *, settle_s: float):
+    """Register a and b, send a's request; after ``settle_s`` it is still queued, waiting for
+    b (active since it registered), not answered alone."""
+    await server.register("a")
+    await server.register("b")
+    first = asyncio.ensure_future(server.infer("a", np.ones((1, 3))))
+    await asyncio.sleep(settle_s)
+    assert not first.done()
+    return first
+
+
 def test_a_batch_runs_once_every_active_caller_has_a_request_queued():
     """b is active (registered), so a's request waits for it; then both go in one batch."""
     server = _server(max_batch_size=1_000, max_wait_ms=10_000.0, active_caller_window_s=30.0)
 
     async def main():
-        await server.register("a")
-        await server.register("b")
-        first = asyncio.ensure_future(server.infer("a", np.ones((1, 3))))
-        await asyncio.sleep(0.2)
-        assert not first.done()  # waiting for b, not answered alone
+        first = await _a_request_waiting_for_registered_b(server, settle_s=0.2)
         second = await asyncio.wait_for(server.infer("b", np.ones((2, 3))), timeout=5.0)
         return await first, second
 
@@ -103,11 +110,7 @@ def test_a_caller_that_says_it_is_idle_is_not_waited_for():
     server = _server(max_batch_size=1_000, max_wait_ms=10_000.0, active_caller_window_s=30.0)
 
     async def main():
-        await server.register("a")
-        await server.register("b")
-        first = asyncio.ensure_future(server.infer("a", np.ones((1, 3))))
-        await asyncio.sleep(0.1)
-        assert not first.done()  # b is active: a waits for it
+        first = await _a_request_waiting_for_registered_b(server, settle_s=0.1)
         await server.idle("b")  # b went off to do something else: a's batch runs now
         reply = await asyncio.wait_for(first, timeout=5.0)
         again = await asyncio.wait_for(server.infer("a", np.ones((1, 3))), timeout=5.0)
