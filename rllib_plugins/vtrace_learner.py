@@ -1,10 +1,16 @@
 """The V-trace learner: RLlib's IMPALA learner with the loss computed by ``rl_dist_ext.ops.vtrace``.
 
-Same batch layout as RLlib's IMPALA (episodes cut into ``rollout_fragment_length`` rows with one
-extra bootstrap step, ``LOSS_MASK`` marking real steps); the V-trace targets and advantages come
-from :func:`rl_dist_ext.ops.vtrace.vtrace_from_log_probs` (Espeholt et al. 2018), with the rho,
-pg-rho thresholds and the trace factor lambda configurable. Loss = policy-gradient term
-+ ``vf_loss_coeff`` x value term + entropy coefficient x entropy term, each a mean over real steps.
+Same batch layout as RLlib's IMPALA: episode pieces laid end to end, each followed by one extra
+step (``AddOneTsToEpisodesAndTruncate``: the final observation again, ``LOSS_MASK`` False), the
+flat batch cut into rows of ``rollout_fragment_length``. The V-trace targets and advantages come
+from :func:`rl_dist_ext.ops.vtrace.vtrace_from_log_probs` (Espeholt et al. 2018) with the loss
+mask passed as the op's ``mask``: the extra step adds no error term, so a piece truncated by the
+env or cut at a fragment end bootstraps from V(final observation) and only a termination cuts
+the return. (RLlib 2.60's own IMPALA loss only zeroes the extra step's discount, which lets its
+error ``-V(x_L)`` into the step before: every piece is learned as if the episode ended there.)
+The rho and pg-rho thresholds and the trace factor lambda are configurable. Loss =
+policy-gradient term + ``vf_loss_coeff`` x value term + entropy coefficient x entropy term, each a
+mean over real steps.
 """
 
 from __future__ import annotations
@@ -39,11 +45,11 @@ class VTraceTorchLearner(IMPALATorchLearner):
         values_tm = time_major(
             module.compute_values(batch, embeddings=fwd_out.get(Columns.EMBEDDINGS))
         )
-        # Row b's bootstrap is the first value of row b+1 (rows are consecutive pieces); the last
-        # row's bootstrap is never used because its extra step has discount 0 (mask 0).
+        # Row b's bootstrap is the first value of row b+1 (rows cut the flat batch); the last
+        # row ends on an extra step or padding, both masked, so its bootstrap is never used.
         bootstrap = torch.cat([values_tm[0][1:], values_tm[0][:1]], dim=0)
         terminated_tm = time_major(batch[Columns.TERMINATEDS]).float()
-        discounts_tm = (1.0 - terminated_tm) * config.gamma * mask_tm
+        discounts_tm = (1.0 - terminated_tm) * config.gamma
         targets = vtrace_from_log_probs(
             behaviour_log_probs=time_major(batch[Columns.ACTION_LOGP]),
             target_log_probs=target_logp_tm,
@@ -51,6 +57,9 @@ class VTraceTorchLearner(IMPALATorchLearner):
             rewards=time_major(batch[Columns.REWARDS]),
             values=values_tm.detach(),
             bootstrap_value=bootstrap.detach(),
+            # RLlib's extra step after each piece holds the final observation: masked, it adds
+            # no error term, so truncated and cut pieces bootstrap from V(final observation).
+            mask=mask_tm,
             clip_rho_threshold=config.vtrace_clip_rho_threshold,
             clip_pg_rho_threshold=config.vtrace_clip_pg_rho_threshold,
             lambda_=config.vtrace_lambda,

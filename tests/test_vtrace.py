@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from vtrace_reference import Segment, segment_vtrace
 
 from rl_dist_ext.ops import vtrace as vtrace_mod
 from rl_dist_ext.ops.vtrace import (
@@ -17,8 +18,12 @@ from rl_dist_ext.ops.vtrace import (
     vtrace_from_log_probs,
 )
 
+GAMMA = 0.95
+
 # --------------------------------------------------------------------------------------------
-# Naive reference: the explicit double sum of Espeholt et al. 2018, eq. (1), in float64 numpy.
+# Naive reference: the explicit double sum of Espeholt et al. 2018, eq. (1), one segment at a
+# time (tests/vtrace_reference.py). A [T, B] input without masks is a sequence of segments per
+# column: a discount of 0 ends one ("terminated"), the row end cuts the last one.
 # --------------------------------------------------------------------------------------------
 
 
@@ -32,47 +37,36 @@ def naive_vtrace(
     clip_pg_rho_threshold: float | None,
     lambda_: float = 1.0,
 ) -> tuple[np.ndarray, np.ndarray]:
-    """v_s = V(x_s) + sum_{t=s}^{T-1} (prod_{i=s}^{t-1} gamma_i c_i) delta_t V.
-
-    delta_t V = rho_t (r_t + gamma_t V(x_{t+1}) - V(x_t)), rho_t = min(rho_bar, pi/mu),
-    c_i = lambda * min(1, pi/mu), V(x_T) = bootstrap. Trailing dims are flattened into B.
-    """
+    """The reference on a ``[T, B, ...]`` input whose discounts are ``GAMMA`` or 0."""
     log_rhos = np.asarray(log_rhos, dtype=np.float64)
     shape = log_rhos.shape
     T = shape[0]
     flat = lambda a: np.asarray(a, dtype=np.float64).reshape(T, -1)  # noqa: E731
     lr, gam, r, V = flat(log_rhos), flat(discounts), flat(rewards), flat(values)
+    assert np.isin(gam, (0.0, GAMMA)).all()
     boot = np.asarray(bootstrap_value, dtype=np.float64).reshape(-1)
-    n = lr.shape[1]
-
-    vs = np.zeros((T, n))
-    pg = np.zeros((T, n))
-    for b in range(n):
-        ratio = [math.exp(lr[t, b]) for t in range(T)]
-        rho = [
-            ratio[t] if clip_rho_threshold is None else min(clip_rho_threshold, ratio[t])
-            for t in range(T)
-        ]
-        c = [lambda_ * min(1.0, ratio[t]) for t in range(T)]
-
-        def V_at(t: int, b: int = b) -> float:
-            return boot[b] if t == T else V[t, b]
-
-        delta = [rho[t] * (r[t, b] + gam[t, b] * V_at(t + 1) - V_at(t)) for t in range(T)]
-        for s in range(T):
-            total = V_at(s)
-            for t in range(s, T):
-                coef = 1.0
-                for i in range(s, t):
-                    coef *= gam[i, b] * c[i]
-                total += coef * delta[t]
-            vs[s, b] = total
-        for s in range(T):
-            v_next = boot[b] if s == T - 1 else vs[s + 1, b]
-            rho_pg = (
-                ratio[s] if clip_pg_rho_threshold is None else min(clip_pg_rho_threshold, ratio[s])
+    vs, pg = np.zeros_like(lr), np.zeros_like(lr)
+    for b in range(lr.shape[1]):
+        start = 0
+        while start < T:
+            ends = np.flatnonzero(gam[start:, b] == 0.0)
+            stop = start + int(ends[0]) + 1 if ends.size else T
+            steps = slice(start, stop)
+            segment = Segment(
+                rewards=r[steps, b],
+                values=V[steps, b],
+                log_rhos=lr[steps, b],
+                next_value=boot[b] if stop == T else V[stop, b],
+                end="terminated" if ends.size else "cut",
             )
-            pg[s, b] = rho_pg * (r[s, b] + gam[s, b] * v_next - V_at(s))
+            vs[steps, b], pg[steps, b] = segment_vtrace(
+                segment,
+                gamma=GAMMA,
+                clip_rho_threshold=clip_rho_threshold,
+                clip_pg_rho_threshold=clip_pg_rho_threshold,
+                lambda_=lambda_,
+            )
+            start = stop
     return vs.reshape(shape), pg.reshape(shape)
 
 
@@ -80,7 +74,7 @@ def make_inputs(T: int, batch_shape: tuple[int, ...], seed: int, terminal_at: in
     rng = np.random.default_rng(seed)
     shape = (T, *batch_shape)
     log_rhos = rng.uniform(-2.0, 2.0, size=shape)
-    discounts = np.full(shape, 0.95)
+    discounts = np.full(shape, GAMMA)
     if terminal_at is not None:
         discounts[terminal_at] = 0.0
     rewards = rng.normal(size=shape)
@@ -234,6 +228,202 @@ def test_episode_boundary_blocks_future():
     assert not torch.allclose(out.vs[k + 1 :], base.vs[k + 1 :])
 
 
+# --------------------------------------------------------------------------------------------
+# Episode pieces inside a row: terminations, truncations and fragment cuts (masked steps)
+# --------------------------------------------------------------------------------------------
+
+CLIPS = [(1.0, 0.8, 1.0), (None, None, 1.0), (1.0, 0.8, 0.9), (2.0, None, 0.9)]
+
+
+def test_masked_extra_step_adds_no_error_term_golden():
+    # The issue's example: one row, r = [1, 1, 0], V = [5, 5, 10], mask = [1, 1, 0], gamma 0.9,
+    # on-policy. The third step is RLlib's appended step (the final observation again): the
+    # piece was truncated, so v_1 = 1 + 0.9 * 10 = 10, v_0 = 5 + 0.5 + 0.9 * (10 - 5) = 10;
+    # the masked step's own target is its value and its advantage 0.
+    f64 = torch.float64
+    for masked_discount in (0.9, 0.0):  # whatever the adapter puts there, nothing changes
+        out = vtrace_from_importance_weights(
+            log_rhos=torch.zeros(3, 1, dtype=f64),
+            discounts=torch.tensor([[0.9], [0.9], [masked_discount]], dtype=f64),
+            rewards=torch.tensor([[1.0], [1.0], [0.0]], dtype=f64),
+            values=torch.tensor([[5.0], [5.0], [10.0]], dtype=f64),
+            bootstrap_value=torch.tensor([-7.0], dtype=f64),
+            mask=torch.tensor([[True], [True], [False]]),
+        )
+        torch.testing.assert_close(out.vs, torch.tensor([[10.0], [10.0], [10.0]], dtype=f64))
+        torch.testing.assert_close(
+            out.pg_advantages, torch.tensor([[5.0], [5.0], [0.0]], dtype=f64)
+        )
+
+
+def place(inputs: dict, b: int, start: int, segment: Segment, extra_at: int | None) -> None:
+    """Write ``segment`` into column ``b`` from ``start`` (RLlib's layout: its appended step,
+    if any, at ``extra_at`` holds the final observation's value and garbage elsewhere)."""
+    steps = slice(start, start + len(segment.rewards))
+    inputs["rewards"][steps, b] = segment.rewards
+    inputs["values"][steps, b] = segment.values
+    inputs["log_rhos"][steps, b] = segment.log_rhos
+    inputs["discounts"][steps, b] = GAMMA
+    if segment.end == "terminated":
+        inputs["discounts"][steps.stop - 1, b] = 0.0
+    if extra_at is not None:
+        inputs["mask"][extra_at, b] = False
+        inputs["values"][extra_at, b] = segment.next_value
+        # Garbage the op must ignore: a huge reward, rho ~ 150, any discount.
+        inputs["rewards"][extra_at, b] = 1e3
+        inputs["log_rhos"][extra_at, b] = 5.0
+        inputs["discounts"][extra_at, b] = GAMMA
+
+
+def empty_rows(T: int, B: int) -> dict[str, np.ndarray]:
+    return {
+        "log_rhos": np.zeros((T, B)),
+        "discounts": np.zeros((T, B)),
+        "rewards": np.zeros((T, B)),
+        "values": np.zeros((T, B)),
+        "bootstrap_value": np.zeros(B),
+        "mask": np.ones((T, B), dtype=bool),
+    }
+
+
+def random_segment(rng, length: int, end: str, next_value: float) -> Segment:
+    return Segment(
+        rewards=rng.normal(size=length),
+        values=rng.normal(size=length),
+        log_rhos=rng.uniform(-2.0, 2.0, size=length),
+        next_value=next_value,
+        end=end,
+    )
+
+
+def random_rows(T: int, B: int, seed: int):
+    """``[T, B]`` rows of random episode pieces in RLlib's layout, and the pieces' segments.
+
+    Inside a row a piece ends by termination or truncation (a fragment cut is a truncation
+    too) and is followed by its masked extra step; the row's end cuts whatever piece runs into
+    it (bootstrap = ``bootstrap_value``), or falls right after a piece's last real step (its
+    extra step then opens the next row: ``bootstrap_value`` is the final observation's value).
+    """
+    rng = np.random.default_rng(seed)
+    inputs = empty_rows(T, B)
+    inputs["bootstrap_value"] = rng.normal(size=B)
+    placed = []  # (column, start, segment)
+    for b in range(B):
+        t = 0
+        if rng.random() < 0.3:  # the row opens with the previous row's extra step
+            place(inputs, b, 0, random_segment(rng, 1, "cut", 0.0), extra_at=0)
+            t = 1
+        while t < T:
+            length = int(rng.integers(1, T - t + 1))
+            if t + length == T:
+                end = str(rng.choice(["cut", "truncated", "terminated"]))
+                segment = random_segment(rng, length, end, inputs["bootstrap_value"][b])
+                place(inputs, b, t, segment, extra_at=None)
+            else:
+                end = str(rng.choice(["truncated", "terminated"]))
+                segment = random_segment(rng, length, end, rng.normal())
+                place(inputs, b, t, segment, extra_at=t + length)
+            placed.append((b, t, segment))
+            t += length + (t + length < T)
+    assert (~inputs["mask"]).any() and inputs["mask"].any()
+    return inputs, placed
+
+
+@pytest.mark.parametrize("seed", range(6))
+@pytest.mark.parametrize(("clip_rho", "clip_pg_rho", "lambda_"), CLIPS)
+def test_rows_of_pieces_match_the_per_segment_reference(seed, clip_rho, clip_pg_rho, lambda_):
+    T, B = 9, 8
+    inputs, placed = random_rows(T, B, seed)
+    assert {segment.end for _, _, segment in placed} == {"cut", "truncated", "terminated"}
+    clips = dict(clip_rho_threshold=clip_rho, clip_pg_rho_threshold=clip_pg_rho, lambda_=lambda_)
+    out = vtrace_from_importance_weights(**to_torch_masked(inputs), **clips)
+    for b, start, segment in placed:
+        steps = slice(start, start + len(segment.rewards))
+        ref_vs, ref_pg = segment_vtrace(segment, gamma=GAMMA, **clips)
+        np.testing.assert_allclose(out.vs[steps, b].numpy(), ref_vs, rtol=1e-10, atol=1e-10)
+        np.testing.assert_allclose(
+            out.pg_advantages[steps, b].numpy(), ref_pg, rtol=1e-10, atol=1e-10
+        )
+    masked = ~inputs["mask"]
+    np.testing.assert_array_equal(out.vs.numpy()[masked], inputs["values"][masked])
+    np.testing.assert_array_equal(out.pg_advantages.numpy()[masked], 0.0)
+
+
+def test_one_row_with_a_truncation_a_termination_and_a_fragment_cut():
+    # [a0 a1 a2 X | b0 b1 X | c0 c1 c2]: a truncated by the env (bootstraps from V(final obs)
+    # held by its extra step X), b terminated (no bootstrap), c cut by the row's end
+    # (bootstraps from bootstrap_value); lambda < 1 and clipped, off-policy ratios.
+    rng = np.random.default_rng(3)
+    T = 10
+    inputs = empty_rows(T, 1)
+    inputs["bootstrap_value"][0] = 2.5
+    a = random_segment(rng, 3, "truncated", next_value=4.0)
+    b = random_segment(rng, 2, "terminated", next_value=-3.0)
+    c = random_segment(rng, 3, "cut", next_value=2.5)
+    place(inputs, 0, 0, a, extra_at=3)
+    place(inputs, 0, 4, b, extra_at=6)
+    place(inputs, 0, 7, c, extra_at=None)
+    clips = dict(clip_rho_threshold=1.2, clip_pg_rho_threshold=0.9, lambda_=0.8)
+    out = vtrace_from_importance_weights(**to_torch_masked(inputs), **clips)
+    for start, segment in ((0, a), (4, b), (7, c)):
+        steps = slice(start, start + len(segment.rewards))
+        ref_vs, ref_pg = segment_vtrace(segment, gamma=GAMMA, **clips)
+        np.testing.assert_allclose(out.vs[steps, 0].numpy(), ref_vs, rtol=1e-10, atol=1e-10)
+        np.testing.assert_allclose(
+            out.pg_advantages[steps, 0].numpy(), ref_pg, rtol=1e-10, atol=1e-10
+        )
+    # The truncated piece does bootstrap: a different final value moves its targets.
+    moved = dict(inputs, values=inputs["values"].copy())
+    moved["values"][3, 0] += 1.0
+    shifted = vtrace_from_importance_weights(**to_torch_masked(moved), **clips)
+    assert (shifted.vs[:3, 0] > out.vs[:3, 0]).all()
+    torch.testing.assert_close(shifted.vs[4:], out.vs[4:])
+
+
+def to_torch_masked(inputs: dict[str, np.ndarray]) -> dict[str, torch.Tensor]:
+    out = to_torch({k: v for k, v in inputs.items() if k != "mask"})
+    out["mask"] = torch.as_tensor(inputs["mask"])
+    return out
+
+
+def test_masked_steps_may_hold_non_finite_garbage():
+    inputs, _ = random_rows(7, 4, seed=1)
+    clean = vtrace_from_importance_weights(**to_torch_masked(inputs))
+    dirty = {k: v.copy() for k, v in inputs.items()}
+    masked = ~inputs["mask"]
+    dirty["rewards"][masked] = np.nan
+    dirty["log_rhos"][masked] = np.inf
+    out = vtrace_from_importance_weights(**to_torch_masked(dirty))
+    torch.testing.assert_close(out.vs, clean.vs)
+    torch.testing.assert_close(out.pg_advantages, clean.pg_advantages)
+
+
+def test_float_mask_equals_bool_mask():
+    inputs, _ = random_rows(6, 3, seed=2)
+    as_bool = vtrace_from_importance_weights(**to_torch_masked(inputs))
+    as_float = to_torch_masked(inputs)
+    as_float["mask"] = as_float["mask"].double()
+    out = vtrace_from_importance_weights(**as_float)
+    torch.testing.assert_close(out.vs, as_bool.vs)
+
+
+def test_lambda_advantage_uses_the_lambda_return_bootstrap():
+    # T=2 on-policy, no termination, lambda = 0.5: q_1 = 0.5 v_1 + 0.5 V(x_1) (rlax's form).
+    #   v_1 = V_1 + (r_1 + g V_2 - V_1) = 2 + 0.9 * 4 = 5.6
+    #   pg_0 = r_0 + g (0.5 * 5.6 + 0.5 * 1.0) - V_0 = 1 + 0.9 * 3.3 - 0.5 = 3.47
+    f64 = torch.float64
+    out = vtrace_from_importance_weights(
+        log_rhos=torch.zeros(2, 1, dtype=f64),
+        discounts=torch.full((2, 1), 0.9, dtype=f64),
+        rewards=torch.tensor([[1.0], [2.0]], dtype=f64),
+        values=torch.tensor([[0.5], [1.0]], dtype=f64),
+        bootstrap_value=torch.tensor([4.0], dtype=f64),
+        lambda_=0.5,
+    )
+    torch.testing.assert_close(out.vs[1], torch.tensor([5.6], dtype=f64))
+    torch.testing.assert_close(out.pg_advantages[0], torch.tensor([3.47], dtype=f64))
+
+
 def test_from_log_probs_equals_from_importance_weights():
     T, B = 5, 3
     rng = np.random.default_rng(5)
@@ -339,9 +529,17 @@ def test_bad_lambda_raises(value):
         vtrace_from_importance_weights(**_valid(), lambda_=value)
 
 
-@pytest.mark.parametrize("name", ["log_rhos", "discounts", "rewards", "values", "bootstrap_value"])
+def test_mask_shape_mismatch_raises():
+    with pytest.raises(ValueError, match=r"mask has shape \(3,\), expected \(3, 2\)"):
+        vtrace_from_importance_weights(**_valid(), mask=torch.ones(3, dtype=torch.bool))
+
+
+@pytest.mark.parametrize(
+    "name", ["log_rhos", "discounts", "rewards", "values", "bootstrap_value", "mask"]
+)
 def test_non_tensor_raises_type_error(name):
     kw = _valid()
+    kw["mask"] = torch.ones(3, 2, dtype=torch.bool)
     kw[name] = kw[name].numpy()
     with pytest.raises(TypeError, match=name):
         vtrace_from_importance_weights(**kw)

@@ -10,14 +10,33 @@ remark following it that gives the recursive form
 with truncated importance weights rho_s = min(rho_bar, pi(a_s|x_s) / mu(a_s|x_s)) and trace
 coefficients c_s = lambda * min(1, pi / mu) (lambda as in rlax; lambda = 1 is the paper's
 c_bar = 1).
-The policy-gradient advantage is rho_s^pg (r_s + gamma_s v_{s+1} - V(x_s)) with its own
-truncation threshold. The numbers match DeepMind's ``scalable_agent/vtrace.py`` and
-``rlax.vtrace``.
+
+The policy-gradient advantage (section 4.2) is
+
+    A_s = rho_s^pg (r_s + gamma_s q_{s+1} - V(x_s)),
+    q_{s+1} = lambda v_{s+1} + (1 - lambda) V(x_{s+1})   (q_T = V(x_T), the bootstrap value),
+
+with its own truncation threshold rho_s^pg = min(rho_bar^pg, pi / mu). With lambda = 1 this is
+the paper's r_s + gamma_s v_{s+1}; with lambda < 1 ``q_{s+1}`` is the lambda-return's own
+bootstrap (G_s = r_s + gamma_s ((1 - lambda) V(x_{s+1}) + lambda G_{s+1})), the form
+``rlax.vtrace_td_error_and_advantage`` uses. With lambda = 1 the numbers match DeepMind's
+``scalable_agent/vtrace.py``.
 
 All tensors are time-major: ``[T, B, ...]``. Extra trailing dimensions are allowed; every
 per-step input shares the shape of ``log_rhos`` and ``bootstrap_value`` has shape
-``log_rhos.shape[1:]`` (the value estimate V(x_T) of the state after the last step). A
-``discount`` of 0 at step t marks the end of an episode at t.
+``log_rhos.shape[1:]`` (the value estimate V(x_T) of the state after the last step).
+
+Episode structure inside a row:
+
+- A ``discount`` of 0 at step t marks a termination at t: the return is cut, nothing after t
+  flows into t.
+- A ``mask`` of 0 at step t marks a step that is not part of any trajectory (RLlib appends one
+  such step after each episode piece, holding the piece's last observation; padding is another).
+  A masked step contributes no TD error and passes no trace on: its target is ``v_t = V(x_t)``
+  and its advantage 0. The real step before it therefore bootstraps from V(x_t), the value of
+  the piece's final observation, which is what truncation (by the env, or at a rollout-fragment
+  cut) needs. Inputs at masked steps other than ``values`` are ignored.
+- The end of a row truncates the trace there and bootstraps from ``bootstrap_value``.
 
 The returned tensors are targets: they are computed without autograd and carry no gradient.
 """
@@ -41,7 +60,7 @@ class VTraceReturns(NamedTuple):
     vs: torch.Tensor
     """``[T, B, ...]`` V-trace value targets v_s."""
     pg_advantages: torch.Tensor
-    """``[T, B, ...]`` rho_s^pg * (r_s + gamma_s * v_{s+1} - V(x_s))."""
+    """``[T, B, ...]`` rho_s^pg * (r_s + gamma_s * q_{s+1} - V(x_s)) (0 at masked steps)."""
 
 
 def _check_tensor(name: str, x: object) -> torch.Tensor:
@@ -62,6 +81,7 @@ def vtrace_from_importance_weights(
     rewards: torch.Tensor,
     values: torch.Tensor,
     bootstrap_value: torch.Tensor,
+    mask: torch.Tensor | None = None,
     clip_rho_threshold: float | None = 1.0,
     clip_pg_rho_threshold: float | None = 1.0,
     lambda_: float = 1.0,
@@ -74,6 +94,8 @@ def vtrace_from_importance_weights(
         rewards: ``[T, B, ...]`` float, r_t.
         values: ``[T, B, ...]`` float, V(x_t) under the current value function.
         bootstrap_value: ``[B, ...]`` float, V(x_T).
+        mask: ``[T, B, ...]`` bool (or 0/1 numbers), True at real steps; ``None`` = all real.
+            See the module docstring for what a masked step means.
         clip_rho_threshold: rho_bar, truncation of the weights in delta_t V; ``None`` = no clip.
         clip_pg_rho_threshold: truncation of the weights in the pg advantage; ``None`` = no clip.
         lambda_: trace-cutting factor in [0, 1]; c_t = lambda_ * min(1, pi/mu).
@@ -97,7 +119,10 @@ def vtrace_from_importance_weights(
             f"{tuple(log_rhos.shape)}"
         )
     expected = tuple(log_rhos.shape)
-    for name, x in (("discounts", discounts), ("rewards", rewards), ("values", values)):
+    per_step = [("discounts", discounts), ("rewards", rewards), ("values", values)]
+    if mask is not None:
+        per_step.append(("mask", _check_tensor("mask", mask)))
+    for name, x in per_step:
         if tuple(x.shape) != expected:
             raise ValueError(
                 f"{name} has shape {tuple(x.shape)}, expected {expected} (the shape of log_rhos)"
@@ -118,6 +143,8 @@ def vtrace_from_importance_weights(
         rewards = rewards.detach()
         values = values.detach()
         bootstrap_value = bootstrap_value.detach()
+        real = torch.ones_like(values, dtype=torch.bool) if mask is None else mask.detach() != 0
+        zero = torch.zeros((), dtype=values.dtype, device=values.device)
 
         rhos = torch.exp(log_rhos)
         clipped_rhos = rhos if clip_rho_threshold is None else rhos.clamp(max=clip_rho_threshold)
@@ -125,10 +152,12 @@ def vtrace_from_importance_weights(
 
         # V(x_{t+1}) for t = 0..T-1, with V(x_T) = bootstrap_value.
         values_tp1 = torch.cat([values[1:], bootstrap_value.unsqueeze(0)], dim=0)
-        deltas = clipped_rhos * (rewards + discounts * values_tp1 - values)
+        # where(), not a product: inputs at masked steps may be anything, inf and nan included.
+        deltas = torch.where(real, clipped_rhos * (rewards + discounts * values_tp1 - values), zero)
 
-        # acc_t = delta_t + gamma_t c_t acc_{t+1}, acc_T = 0; v_s = V(x_s) + acc_s.
-        discounted_cs = discounts * cs
+        # acc_t = delta_t + gamma_t c_t acc_{t+1}, acc_T = 0; v_s = V(x_s) + acc_s. A masked
+        # step holds acc = 0, so nothing flows through it into the step before.
+        discounted_cs = torch.where(real, discounts * cs, zero)
         acc_tp1 = torch.zeros_like(bootstrap_value)
         accs = []
         for t in range(log_rhos.shape[0] - 1, -1, -1):
@@ -138,11 +167,16 @@ def vtrace_from_importance_weights(
         accs.reverse()
         vs = values + torch.stack(accs, dim=0) if accs else values.clone()
 
-        vs_tp1 = torch.cat([vs[1:], bootstrap_value.unsqueeze(0)], dim=0)
+        # q_{t+1} = lambda v_{t+1} + (1 - lambda) V(x_{t+1}); q_T = V(x_T).
+        q_tp1 = torch.cat(
+            [lambda_ * vs[1:] + (1.0 - lambda_) * values[1:], bootstrap_value.unsqueeze(0)], dim=0
+        )
         clipped_pg_rhos = (
             rhos if clip_pg_rho_threshold is None else rhos.clamp(max=clip_pg_rho_threshold)
         )
-        pg_advantages = clipped_pg_rhos * (rewards + discounts * vs_tp1 - values)
+        pg_advantages = torch.where(
+            real, clipped_pg_rhos * (rewards + discounts * q_tp1 - values), zero
+        )
 
     return VTraceReturns(vs=vs, pg_advantages=pg_advantages)
 
@@ -155,6 +189,7 @@ def vtrace_from_log_probs(
     rewards: torch.Tensor,
     values: torch.Tensor,
     bootstrap_value: torch.Tensor,
+    mask: torch.Tensor | None = None,
     clip_rho_threshold: float | None = 1.0,
     clip_pg_rho_threshold: float | None = 1.0,
     lambda_: float = 1.0,
@@ -164,8 +199,8 @@ def vtrace_from_log_probs(
     Args:
         behaviour_log_probs: ``[T, B, ...]`` float, log mu(a_t|x_t) of the acting policy.
         target_log_probs: ``[T, B, ...]`` float, log pi(a_t|x_t) of the learner policy.
-        discounts, rewards, values, bootstrap_value, clip_rho_threshold, clip_pg_rho_threshold,
-        lambda_: as in :func:`vtrace_from_importance_weights`.
+        discounts, rewards, values, bootstrap_value, mask, clip_rho_threshold,
+        clip_pg_rho_threshold, lambda_: as in :func:`vtrace_from_importance_weights`.
 
     Returns:
         :func:`vtrace_from_importance_weights` with ``log_rhos = target - behaviour``.
@@ -184,6 +219,7 @@ def vtrace_from_log_probs(
         rewards=rewards,
         values=values,
         bootstrap_value=bootstrap_value,
+        mask=mask,
         clip_rho_threshold=clip_rho_threshold,
         clip_pg_rho_threshold=clip_pg_rho_threshold,
         lambda_=lambda_,
