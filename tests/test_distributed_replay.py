@@ -361,6 +361,57 @@ def test_client_pickles_into_a_remote_producer(make_replay):
     assert replay.stats()["size"] == 200
 
 
+def test_a_client_in_another_actor_samples_every_shard_by_its_mass(make_replay):
+    """The learner layout (``num_learners=1``): the client is unpickled inside its own actor and
+    rows come from a third process. The client must learn of every shard's priority mass by
+    itself, including shards that were empty when it first looked."""
+    import ray
+
+    replay = make_replay(
+        num_shards=4, capacity=8_000, alpha=1.0, eps=1e-9, prefetch=2, status_refresh_s=0.2
+    )
+
+    @ray.remote(num_cpus=0.1)
+    class Sampler:  # self-contained: test-module helpers are not importable on Ray workers
+        def __init__(self, client):
+            self.client = client
+
+        def shards(self, draws: int) -> list[int]:
+            out = []
+            for _ in range(draws):
+                keys = self.client.sample(8).keys % self.client.num_shards
+                assert (keys == keys[0]).all()  # a batch comes whole from one shard
+                out.append(int(keys[0]))
+            return out
+
+    @ray.remote(num_cpus=0.1)
+    def insert(client, start: int, priorities: list[float]) -> None:
+        for j, priority in enumerate(priorities):  # round-robin: one batch per shard
+            ids = np.arange(start + 500 * j, start + 500 * (j + 1))
+            client.add(
+                {"id": ids, "obs": np.repeat(ids[:, None], 3, axis=1).astype(np.float32)},
+                priorities=np.full(500, priority),
+            )
+        client.flush()
+
+    # Phase 1: only shards 0 and 1 hold rows when the sampler starts.
+    for shard in (0, 1):
+        ray.get(replay.handles[shard].add.remote(rows(10_000 * shard, 200), np.ones(200)))
+    sampler = Sampler.remote(replay)
+    first = ray.get(sampler.shards.remote(60), timeout=60)
+    assert set(first) == {0, 1}
+    # Phase 2: a third process inserts into every shard, with masses far apart.
+    ray.get(insert.remote(replay, 100_000, [1.0, 2.0, 4.0, 8.0]), timeout=60)
+    masses = np.array([status.total_priority for status in replay.refresh()])
+    assert masses.min() > 0 and masses.max() / masses.min() > 4
+    ray.get(sampler.shards.remote(20), timeout=60)  # replies to stale picks drain
+    draws = np.bincount(ray.get(sampler.shards.remote(800), timeout=120), minlength=4)
+    assert (draws > 0).all(), draws
+    chi = scipy_stats.chisquare(draws, masses / masses.sum() * draws.sum())
+    assert chi.pvalue > 1e-3, (draws.tolist(), masses.tolist())
+    ray.kill(sampler)
+
+
 @pytest.mark.parametrize(
     ("overrides", "match"),
     [
@@ -377,6 +428,7 @@ def test_client_pickles_into_a_remote_producer(make_replay):
         ({"bundle_indices": (0, 1)}, "placement_group"),
         ({"snapshot_every_inserts": 10}, "snapshot_dir"),
         ({"timeout_s": 0}, "timeout_s"),
+        ({"status_refresh_s": 0}, "status_refresh_s"),
         ({"seed": -1}, "seed"),
     ],
 )

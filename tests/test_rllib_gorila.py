@@ -263,8 +263,14 @@ def test_learner_loss_is_the_core_double_dqn_loss_with_weights(algo, loss_type):
 
 def test_learner_in_its_own_actor(ray_session):
     """num_learners=1: the learner actor samples the replay and publishes weights itself (the
-    layout a GPU learner uses; here on CPU)."""
-    algorithm = small_config().learners(num_learners=1, num_cpus_per_learner=0.3).build_algo()
+    layout a GPU learner uses; here on CPU). Its replay client was unpickled in that actor: it
+    must still sample every shard."""
+    algorithm = (
+        small_config()
+        .learners(num_learners=1, num_cpus_per_learner=0.3)
+        .replay(num_shards=4, num_cpus_per_shard=0.05)
+        .build_algo()
+    )
     try:
         versions = []
         for _ in range(3):
@@ -272,7 +278,10 @@ def test_learner_in_its_own_actor(ray_session):
             versions.append(result["gorila"]["learner_weights_version"])
         assert versions[-1] > versions[0] > 0
         assert result["learners"]["__all_modules__"]["num_gradient_updates"] > 0
-        assert result["gorila"]["policy_lag_mean"] >= 0
+        # Every runner acts with weights the learner actor published after the first ones.
+        assert 0 <= result["gorila"]["policy_lag_max"] < versions[-1] - 1
+        sampled = [status.num_sampled for status in algorithm._replay.refresh()]
+        assert all(n > 0 for n in sampled), sampled
     finally:
         algorithm.stop()
 

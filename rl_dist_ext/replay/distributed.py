@@ -11,7 +11,11 @@ config, so it pickles: actors and learners each get their own copy.
   shard's total priority, so an item's probability is ``p_i / sum over all shards``;
   importance weights ``(N P(i)) ** -beta`` use the size and minimum priority across shards.
   ``prefetch`` requests stay in flight so the learner rarely waits on a round trip. The shard
-  totals used to pick come from the latest replies (at most a few batches old). With
+  totals used to pick come from the latest replies and from status requests the client sends
+  to every shard by itself every ``status_refresh_s`` while it samples (without waiting for
+  them), so a client anywhere (the driver, a learner actor, a process that unpickled it) keeps
+  every shard's mass current, shards it has never sampled and shards that were empty included.
+  Its first sample asks every shard and waits for the answers. With
   ``batches_per_request = K`` one request draws ``K * B`` rows (stratified) and serves ``K``
   batches (every K-th row each, so each batch still spans the whole priority range): K times
   fewer round trips per learner update, for priorities up to K batches older.
@@ -100,6 +104,7 @@ class DistributedReplayConfig:
     timeout_s: float = 60.0
     start_timeout_s: float = 120.0
     retry_down_shard_after_s: float = 1.0
+    status_refresh_s: float = 1.0
     seed: int | None = None
 
     def __post_init__(self) -> None:
@@ -137,6 +142,9 @@ class DistributedReplayConfig:
             raise ValueError("timeout_s must be > 0 (no request may wait forever)")
         _positive_or_none("start_timeout_s", self.start_timeout_s)
         _positive_or_none("retry_down_shard_after_s", self.retry_down_shard_after_s)
+        _positive_or_none("status_refresh_s", self.status_refresh_s)
+        if self.status_refresh_s is None:
+            raise ValueError("status_refresh_s must be > 0 (shard masses must stay current)")
         if self.seed is not None:
             check_int("seed", self.seed, 0)
         self.rate_limit()  # validates samples_per_insert / error_buffer
@@ -250,6 +258,8 @@ class DistributedReplay:
         self._ready: deque = deque()  # (batch_size, ReplaySample) split off a larger reply
         self._updates: deque = deque()  # (ref, shard, count)
         self._gathered: list = []  # (keys, priorities) not sent yet (batches_per_request > 1)
+        self._status_requests: dict[int, Any] = {}  # shard -> get_status ref in flight
+        self._statuses_asked_at = -math.inf
         self._counters = _Counters()
 
     @property
@@ -369,6 +379,9 @@ class DistributedReplay:
         self._ready = deque(r for r in self._ready if r[0] == batch_size)
         if self._ready:
             return self._ready.popleft()[1]
+        if all(view.status is None for view in self._views):
+            self.refresh()  # a new or unpickled client: learn every shard's mass first
+        self._poll_statuses()
         deadline = time.monotonic() + self._reply_timeout_s
         started = time.monotonic()
         if self._counters.first_sample_time is None:
@@ -433,6 +446,31 @@ class DistributedReplay:
             shard = up[int(self._rng.integers(len(up)))]
         rows = batch_size * self._config.batches_per_request
         self._samples.append((self._handles[shard].sample.remote(rows), shard, batch_size))
+
+    def _poll_statuses(self) -> None:
+        """Take the status replies that arrived; ask every shard again every
+        ``status_refresh_s`` (never waits)."""
+        import ray
+
+        if self._status_requests:
+            refs = list(self._status_requests.values())
+            done = set(ray.wait(refs, num_returns=len(refs), timeout=0)[0])
+            for shard, ref in list(self._status_requests.items()):
+                if ref not in done:
+                    continue
+                del self._status_requests[shard]
+                try:
+                    self._observe(shard, ray.get(ref))
+                except _actor_errors() as error:
+                    self._mark_down(shard, error)
+        now = time.monotonic()
+        if not self._status_requests and now - self._statuses_asked_at >= (
+            self._config.status_refresh_s
+        ):
+            self._statuses_asked_at = now
+            self._status_requests = {
+                shard: handle.get_status.remote() for shard, handle in enumerate(self._handles)
+            }
 
     # ---- priorities ---------------------------------------------------------------------------
     def update_priorities(self, keys: np.ndarray, priorities: np.ndarray) -> None:
@@ -610,6 +648,7 @@ class DistributedReplay:
         self.flush()
         self._samples.clear()
         self._ready.clear()
+        self._status_requests.clear()
         refs = [
             h.restore.remote(snapshot.join(path, f"shard_{i}.pkl"))
             for i, h in enumerate(self._handles)
@@ -625,6 +664,7 @@ class DistributedReplay:
         self.flush()
         self._samples.clear()
         self._ready.clear()
+        self._status_requests.clear()
         refs = [h.clear.remote() for h in self._handles]
         for shard, status in enumerate(ray.get(refs, timeout=self._config.timeout_s)):
             self._views[shard] = _ShardView()
@@ -641,6 +681,7 @@ class DistributedReplay:
         self._ready.clear()
         self._updates.clear()
         self._gathered.clear()
+        self._status_requests.clear()
 
     def __enter__(self) -> DistributedReplay:
         return self
