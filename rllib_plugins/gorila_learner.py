@@ -166,7 +166,11 @@ class GorilaDQNTorchLearner(DQNTorchLearner):
         return state
 
     def set_state(self, state) -> None:
+        """Restore the weights and counters. The weights version never goes back: runners and
+        the inference server only take versions newer than theirs, so the restored weights
+        are published (by ``GorilaDQN.restore_from_path``) as the version after the newest
+        one this learner or the checkpoint has seen."""
         super().set_state(state)
         if "gorila" in state:
             self.num_gradient_updates = state["gorila"]["num_gradient_updates"]
-            self.weights_version = state["gorila"]["weights_version"]
+            self.weights_version = max(self.weights_version, state["gorila"]["weights_version"])

@@ -343,6 +343,43 @@ def test_killed_shard_restarts_from_snapshot_and_losses_are_counted(make_replay,
     assert stats["num_inserted"] + stats["items_lost"] >= next_id
 
 
+def test_restore_while_a_shard_restarts_waits_for_it(make_replay, tmp_path):
+    import ray
+
+    replay = make_replay(num_shards=2, capacity=400, alpha=1.0)
+    for start in range(0, 120, 20):
+        replay.add(rows(start, 20), priorities=np.ones(20))
+    replay.flush()
+    replay.save(str(tmp_path / "ckpt"))
+    replay.add(rows(500, 20))
+    ray.kill(replay.handles[1], no_restart=False)  # Ray restarts it; restore must wait
+
+    replay.restore(str(tmp_path / "ckpt"))
+
+    assert replay.stats()["size_per_shard"] == [60, 60]
+
+
+def test_calls_to_a_shard_that_never_comes_back_raise_the_projects_error(make_replay, tmp_path):
+    import ray
+
+    from rl_dist_ext.replay.distributed import ReplayUnavailable
+
+    replay = make_replay(num_shards=2, capacity=400, timeout_s=3.0)
+    replay.add(rows(0, 20))
+    replay.flush()
+    replay.save(str(tmp_path / "ckpt"))
+    ray.kill(replay.handles[0], no_restart=True)
+    started = time.monotonic()
+    for call in (
+        lambda: replay.restore(str(tmp_path / "ckpt")),
+        lambda: replay.save(str(tmp_path / "again")),
+        replay.clear,
+    ):
+        with pytest.raises(ReplayUnavailable, match=r"replay shard 0 .*dead"):
+            call()
+    assert time.monotonic() - started < 60  # bounded waits, not a hang
+
+
 def test_client_pickles_into_a_remote_producer(make_replay):
     import ray
 

@@ -171,6 +171,68 @@ def test_checkpoint_restores_weights_and_replay(algo, tmp_path):
         rebuilt.stop()
 
 
+def q_values_of(module, obs: np.ndarray) -> np.ndarray:
+    from ray.rllib.core.columns import Columns
+
+    with torch.no_grad():
+        return module.compute_q_values({Columns.OBS: torch.as_tensor(obs)})["qf_preds"].numpy()
+
+
+@pytest.mark.parametrize("central", [False, True], ids=["runner-weights", "seed-server"])
+def test_restoring_an_older_checkpoint_into_the_running_algorithm_moves_versions_on(
+    ray_session, tmp_path, central
+):
+    """The restored (older) weights get a version newer than any published before, so the
+    parameter server takes them, the runners pull them and (SEED) the server uses them."""
+    config = small_config()
+    if central:
+        config = config.central_inference(
+            enabled=True, num_cpus=0.1, max_batch_size=64, max_wait_ms=1.0
+        )
+    algorithm = config.build_algo()
+    obs = np.random.default_rng(0).normal(size=(8, 4)).astype(np.float32)
+    try:
+        for _ in range(2):
+            algorithm.train()
+        path = algorithm.save_to_path(str(tmp_path / "old"))
+        saved_q = q_values_of(algorithm.get_module(), obs)
+        for _ in range(2):
+            result = algorithm.train()
+        version_before = result["gorila"]["learner_weights_version"]
+        assert not np.allclose(q_values_of(algorithm.get_module(), obs), saved_q)
+
+        algorithm.restore_from_path(path)
+
+        version = algorithm._learner_weights_version()
+        assert version > version_before
+        np.testing.assert_allclose(q_values_of(algorithm.get_module(), obs), saved_q, atol=1e-5)
+        held = ray.get(algorithm._param_server.pull_if_newer.remote(-1))
+        assert held.version == version
+        if central:
+            server = algorithm._inference.handle
+            deadline = time.monotonic() + 30
+            while ray.get(server.get_version.remote()) < version:  # fire-and-forget push
+                assert time.monotonic() < deadline, "the server never took the restored weights"
+                time.sleep(0.1)
+            reply = ray.get(server.infer.remote("test-probe", obs))
+            assert reply.version == version
+            np.testing.assert_allclose(reply.outputs["q_values"], saved_q, atol=1e-5)
+        else:
+            pulled = algorithm.env_runner_group.foreach_env_runner(
+                lambda runner: (runner._pull_weights(), runner.weights_version)[1],
+                local_env_runner=False,
+            )
+            assert pulled == [version, version]
+            runner_q = algorithm.env_runner_group.foreach_env_runner(
+                lambda runner: q_values_of(runner.module, obs), local_env_runner=False
+            )
+            for q in runner_q:
+                np.testing.assert_allclose(q, saved_q, atol=1e-5)
+        algorithm.train()  # and training goes on from there
+    finally:
+        algorithm.stop()
+
+
 def test_checkpoint_without_replay(ray_session, tmp_path):
     algorithm = small_config().replay(checkpoint=False).build_algo()
     try:

@@ -682,6 +682,27 @@ def test_runners_never_hold_learner_weights_and_the_server_does(seed_algo):
 
 
 @pytest.mark.ray
+def test_restoring_an_older_checkpoint_into_the_running_algorithm_reaches_the_server(
+    seed_algo, tmp_path
+):
+    algorithm, _ = seed_algo
+    train_until_learned(algorithm)
+    path = algorithm.save_to_path(str(tmp_path / "old"))
+    obs = probe_obs()
+    saved_logits = module_logits(learner_module(algorithm), obs)
+    train_until_learned(algorithm)
+    version_before, logits_before = server_logits(algorithm, obs)
+    assert not np.allclose(logits_before, saved_logits, atol=1e-5)
+
+    algorithm.restore_from_path(path)
+
+    version, logits = server_logits(algorithm, obs)
+    assert version > version_before
+    np.testing.assert_allclose(logits, saved_logits, atol=1e-5)
+    train_until_learned(algorithm)  # training goes on
+
+
+@pytest.mark.ray
 def test_checkpoint_restores_into_a_fresh_algorithm_and_training_continues(seed_algo, tmp_path):
     algorithm, _ = seed_algo
     train_until_learned(algorithm)

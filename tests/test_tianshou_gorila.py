@@ -205,10 +205,13 @@ def test_state_dict_round_trips_counters_and_optimizer():
     for key, state in saved_optim["state"].items():
         torch.testing.assert_close(loaded_optim["state"][key]["exp_avg"], state["exp_avg"])
         torch.testing.assert_close(loaded_optim["state"][key]["step"], state["step"])
-    # The restored counters drive the next target update and weights version.
+    # Restored weights are a new weights version (one past the saved 5), and the restored
+    # counters drive the next target update and version.
+    assert restored.weights_for_actors()[1] == 6
     with policy_within_training_step(restored.policy):
         restored._update_with_batch(hand_batch(seed=9))
-    assert restored.weights_for_actors()[1] == 6
+    assert restored.weights_for_actors()[1] == 7
+    assert restored.num_gradient_updates == 6
 
 
 @pytest.mark.parametrize(
@@ -592,10 +595,48 @@ def test_checkpoint_restores_weights_counters_and_replay(cluster, tmp_path):
         collector = make_collector(restored, new_buffer)
         try:
             stats = collector.collect(n_step=64)
-            assert stats.weights_version == 24  # the actors act with the restored weights
+            # The actors act with the restored weights, published as a new version.
+            assert stats.weights_version == 25
             gradient_steps(restored, new_buffer, 8)
             assert restored.num_gradient_updates == 32
-            assert collector.collect(n_step=64).weights_version == 32
+            assert collector.collect(n_step=64).weights_version == 33
             assert new_buffer.stats()["num_inserted"] > inserted
+        finally:
+            collector.close()
+
+
+def test_restoring_an_older_state_into_the_running_algorithm_reaches_the_actors(cluster):
+    """``load_state_dict`` of an older state: the restored weights get a version newer than any
+    published, so the collector publishes them and every actor pulls them."""
+    import copy
+
+    import ray
+
+    from tianshou_plugins.actor import cpu_state_dict
+
+    algo = make_algo(seed=0)
+    with make_buffer() as buffer:
+        collector = make_collector(algo, buffer)
+        try:
+            collector.collect(n_step=64)
+            gradient_steps(algo, buffer, 8)
+            old_state = copy.deepcopy(algo.state_dict())
+            old_weights = cpu_state_dict(algo.policy)
+            gradient_steps(algo, buffer, 16)
+            version_before = collector.collect(n_step=64).weights_version
+            assert version_before >= 24
+
+            algo.load_state_dict(old_state)
+
+            for _ in range(10):  # actors pull every 32 steps: each rollout is 32 steps
+                stats = collector.collect(n_step=64)
+                if stats.policy_lag_max == 0:
+                    break
+            assert stats.weights_version > version_before
+            assert stats.policy_lag_max == 0  # every actor acts with the restored version
+            held = ray.get(collector._weights_server.pull_if_newer.remote(-1))
+            assert held.version == stats.weights_version
+            for key, value in old_weights.items():
+                torch.testing.assert_close(held.weights[key], value)
         finally:
             collector.close()

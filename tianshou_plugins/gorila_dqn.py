@@ -7,7 +7,9 @@ Tianshou's DQN computes its n-step targets by walking the buffer (``compute_nste
 every loss path, Huber included, applies the weights. One :meth:`GorilaDQN.update` is:
 sample -> gradient step -> priorities back (``buffer.update_priorities(keys, |TD|)``); the target
 network is hard-updated every ``target_update_freq`` gradient steps. The actors get the weights
-through :meth:`GorilaDQN.weights_for_actors`, which the collector publishes.
+through :meth:`GorilaDQN.weights_for_actors`, which the collector publishes with their version:
+one more per gradient step, and after ``load_state_dict`` one more than the newest version
+this algorithm or the loaded state had, so that restored (even older) weights reach the actors.
 """
 
 from __future__ import annotations
@@ -87,11 +89,12 @@ class GorilaDQN(DQN[DiscreteQLearningPolicy]):
             huber_loss_delta=huber_loss_delta,
         )
         self.num_gradient_updates = 0
+        self.weights_version = 0
 
     # ---- what the actors get ------------------------------------------------------------------
     def weights_for_actors(self) -> tuple[dict[str, torch.Tensor], int]:
-        """The policy's CPU state dict and its version (the number of gradient updates)."""
-        return cpu_state_dict(self.policy), self.num_gradient_updates
+        """The policy's CPU state dict and its version (see the module docstring)."""
+        return cpu_state_dict(self.policy), self.weights_version
 
     # ---- one update: sample -> gradient step -> priorities -----------------------------------
     def update(
@@ -127,6 +130,7 @@ class GorilaDQN(DQN[DiscreteQLearningPolicy]):
         out = self.compute_loss(batch)
         self.optim.step(out.loss)
         self.num_gradient_updates += 1
+        self.weights_version += 1
         return out
 
     def compute_loss(self, batch: Batch) -> DQNLoss:
@@ -172,8 +176,15 @@ class GorilaDQN(DQN[DiscreteQLearningPolicy]):
 
     # ---- counters travel with state_dict() ----------------------------------------------------
     def get_extra_state(self) -> dict[str, int]:
-        return {"num_gradient_updates": self.num_gradient_updates, "iter": self._iter}
+        return {
+            "num_gradient_updates": self.num_gradient_updates,
+            "weights_version": self.weights_version,
+            "iter": self._iter,
+        }
 
     def set_extra_state(self, state: dict[str, int]) -> None:
         self.num_gradient_updates = int(state["num_gradient_updates"])
         self._iter = int(state["iter"])
+        restored = int(state.get("weights_version", self.num_gradient_updates))
+        # New weights need a new version, newer than anything published before the restore.
+        self.weights_version = max(self.weights_version, restored) + 1

@@ -40,7 +40,7 @@ import math
 import numbers
 import time
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -69,7 +69,7 @@ class ReplayTimeout(TimeoutError):
 
 
 class ReplayUnavailable(RuntimeError):
-    """No replay shard is alive to serve a request."""
+    """A replay shard (or every one) is down and did not come back in time."""
 
 
 def _positive_or_none(name: str, value: Any) -> None:
@@ -620,21 +620,15 @@ class DistributedReplay:
     # ---- checkpoints --------------------------------------------------------------------------
     def save(self, path: str) -> None:
         """Write every shard (rows, priorities, keys, counters) under ``path`` (dir or URI)."""
-        import ray
-
         self.flush()
-        refs = [
-            h.save.remote(snapshot.join(path, f"shard_{i}.pkl"))
-            for i, h in enumerate(self._handles)
-        ]
-        ray.get(refs, timeout=self._config.timeout_s)
+        self._on_every_shard(
+            "save", lambda i, h: h.save.remote(snapshot.join(path, f"shard_{i}.pkl"))
+        )
         manifest = {k: v for k, v in asdict(self._config).items() if k != "placement_group"}
         snapshot.write_text(snapshot.join(path, "manifest.json"), json.dumps(manifest, indent=2))
 
     def restore(self, path: str) -> None:
         """Load every shard from :meth:`save` output; shard count, capacity and alpha must match."""
-        import ray
-
         text = snapshot.read_text(snapshot.join(path, "manifest.json"))
         if text is None:
             raise FileNotFoundError(f"no distributed replay checkpoint at {path!r}")
@@ -649,26 +643,64 @@ class DistributedReplay:
         self._samples.clear()
         self._ready.clear()
         self._status_requests.clear()
-        refs = [
-            h.restore.remote(snapshot.join(path, f"shard_{i}.pkl"))
-            for i, h in enumerate(self._handles)
-        ]
-        for shard, status in enumerate(ray.get(refs, timeout=self._config.timeout_s)):
+        statuses = self._on_every_shard(
+            "restore", lambda i, h: h.restore.remote(snapshot.join(path, f"shard_{i}.pkl"))
+        )
+        for shard, status in enumerate(statuses):
             self._views[shard] = _ShardView()
             self._observe(shard, status)
 
     def clear(self) -> None:
         """Drop every row in every shard; keys sampled before are stale from now on."""
-        import ray
-
         self.flush()
         self._samples.clear()
         self._ready.clear()
         self._status_requests.clear()
-        refs = [h.clear.remote() for h in self._handles]
-        for shard, status in enumerate(ray.get(refs, timeout=self._config.timeout_s)):
+        for shard, status in enumerate(
+            self._on_every_shard("clear", lambda i, h: h.clear.remote())
+        ):
             self._views[shard] = _ShardView()
             self._observe(shard, status)
+
+    def _on_every_shard(self, what: str, call: Callable[[int, Any], Any]) -> list[Any]:
+        """``call(shard_index, handle)`` on every shard (it returns a Ray ref); the replies in
+        shard order.
+
+        A shard that is down (restarting after its process died) is asked again until it
+        answers or ``timeout_s`` has passed; then :class:`ReplayUnavailable` names the shard
+        and its state. Nothing here raises a raw Ray exception.
+        """
+        import ray
+
+        timeout_s = self._config.timeout_s
+        deadline = time.monotonic() + timeout_s
+        replies: dict[int, Any] = {}
+        pending = {shard: call(shard, handle) for shard, handle in enumerate(self._handles)}
+        while pending:
+            shard, ref = next(iter(pending.items()))
+            try:
+                replies[shard] = ray.get(ref, timeout=max(0.0, deadline - time.monotonic()))
+            except ray.exceptions.GetTimeoutError:
+                raise ReplayTimeout(
+                    f"{what}: replay shard {shard} did not answer within {timeout_s}s"
+                ) from None
+            except _actor_errors() as error:
+                self._mark_down(shard, error)
+                if time.monotonic() >= deadline:
+                    state = (
+                        "restarting"
+                        if isinstance(error, ray.exceptions.ActorUnavailableError)
+                        else "dead"
+                    )
+                    raise ReplayUnavailable(
+                        f"{what}: replay shard {shard} is {state} ({type(error).__name__}) and "
+                        f"did not come back within {timeout_s}s"
+                    ) from None
+                time.sleep(min(0.2, max(0.0, deadline - time.monotonic())))
+                pending[shard] = call(shard, self._handles[shard])  # ask it again
+                continue
+            del pending[shard]
+        return [replies[shard] for shard in range(self.num_shards)]
 
     def close(self) -> None:
         """Stop the shard actors (their snapshots stay on disk)."""
