@@ -64,16 +64,22 @@ def test_round_trip(make_replay, num_shards):
     replay.flush()
     assert replay.stats()["size"] == 270
     assert replay.stats()["size_per_shard"] == [270 // num_shards] * num_shards
-    seen = set()
+    key_of: dict[int, int] = {}
+    shards_seen = set()
     for _ in range(40):
         sample = replay.sample(32)
         assert sample.batch["obs"].shape == (32, 3)
         np.testing.assert_array_equal(sample.batch["obs"][:, 0], sample.batch["id"])
         assert sample.weights.dtype == np.float32
         assert np.all((sample.weights > 0) & (sample.weights <= 1))
-        assert np.all(sample.keys % num_shards < num_shards)
-        seen.update(sample.batch["id"].tolist())
-    assert seen <= set(range(270)) and len(seen) > 230
+        shard = sample.keys % num_shards
+        assert (shard == shard[0]).all()  # a batch comes whole from one shard
+        shards_seen.add(int(shard[0]))
+        for row_id, key in zip(sample.batch["id"].tolist(), sample.keys.tolist(), strict=True):
+            assert key_of.setdefault(row_id, key) == key  # a row keeps its key
+    assert set(key_of) <= set(range(270)) and len(key_of) > 230
+    assert len(set(key_of.values())) == len(key_of)  # no two rows share a key
+    assert shards_seen == set(range(num_shards))
 
 
 def test_cross_shard_sampling_is_proportional_to_priority(make_replay):
@@ -338,9 +344,10 @@ def test_killed_shard_restarts_from_snapshot_and_losses_are_counted(make_replay,
     assert stats["shards_alive"] == 2
     # Shard 0 held 250 rows and snapshotted every 100 inserts: at most the last 50 are lost.
     assert 0 <= stats["items_lost"] <= 100
-    assert stats["size"] == next_id - stats["items_lost"] or stats["size"] <= next_id
-    # Nothing silently vanished: every inserted row is stored, or counted as lost.
-    assert stats["num_inserted"] + stats["items_lost"] >= next_id
+    # Nothing silently vanished: every inserted row is stored, or counted as lost. (An add the
+    # shard applied just before dying unanswered is re-sent elsewhere; if its snapshot also
+    # held it, that one batch of 25 counts twice.)
+    assert next_id <= stats["num_inserted"] + stats["items_lost"] <= next_id + 25
 
 
 def test_restore_while_a_shard_restarts_waits_for_it(make_replay, tmp_path):

@@ -270,6 +270,107 @@ def test_killed_env_runner_restarts_and_training_continues(ray_session):
         algorithm.stop()
 
 
+def test_episodes_to_rollout_on_hand_built_chunks():
+    """A chunk continuing an episode (lookback data excluded, cut at its end: truncated), a
+    terminated episode, an env-truncated one and an empty chunk, laid end to end in [T, 1]."""
+    from ray.rllib.env.single_agent_episode import SingleAgentEpisode
+
+    from rllib_plugins.gorila_env_runner import episodes_to_rollout
+
+    def obs(*values):
+        return [np.array([v, -v], dtype=np.float32) for v in values]
+
+    continuing = SingleAgentEpisode(
+        observations=obs(0.5, 1, 2, 3),  # 0.5: the previous chunk's, in the lookback
+        actions=[5, 0, 1],
+        rewards=[9.0, 1.0, 2.0],
+        len_lookback_buffer=1,
+    )
+    terminated = SingleAgentEpisode(
+        observations=obs(10, 11, 12),
+        actions=[1, 0],
+        rewards=[1.0, 1.0],
+        terminated=True,
+        len_lookback_buffer=0,
+    )
+    truncated = SingleAgentEpisode(
+        observations=obs(20, 21), actions=[1], rewards=[0.5], truncated=True, len_lookback_buffer=0
+    )
+    empty = SingleAgentEpisode(observations=obs(30), len_lookback_buffer=0)
+    assert [len(e) for e in (continuing, terminated, truncated, empty)] == [2, 2, 1, 0]
+
+    rollout = episodes_to_rollout([continuing, terminated, empty, truncated])
+
+    def column(values, dtype):
+        return np.asarray(values, dtype=dtype).reshape(len(values), 1, *np.shape(values)[1:])
+
+    expected = {
+        "obs": column(obs(1, 2, 10, 11, 20), np.float32),
+        "next_obs": column(obs(2, 3, 11, 12, 21), np.float32),
+        "actions": column([0, 1, 1, 0, 1], np.int64),
+        "rewards": column([1.0, 2.0, 1.0, 1.0, 0.5], np.float32),
+        "terminated": column([False, False, False, True, False], bool),
+        "truncated": column([False, True, False, False, True], bool),
+    }
+    assert rollout.keys() == expected.keys()
+    for name, value in expected.items():
+        assert rollout[name].shape == value.shape, name
+        np.testing.assert_array_equal(rollout[name], value, err_msg=name)
+    with pytest.raises(ValueError, match="no steps"):
+        episodes_to_rollout([empty])
+
+
+def test_learner_target_network_is_updated_exactly_every_c_gradient_updates():
+    """C = 3: after update k the target equals the online network as it was after update
+    3 * (k // 3) (the initial weights before the first multiple), and nothing in between."""
+    import gymnasium as gym
+    from ray.rllib.core import DEFAULT_MODULE_ID
+    from ray.rllib.policy.sample_batch import MultiAgentBatch
+    from ray.rllib.utils.metrics import NUM_ENV_STEPS_SAMPLED_LIFETIME
+
+    from rllib_plugins.gorila_learner import replay_rows_to_batch
+
+    torch.manual_seed(0)
+    config = small_config(target_update_every_n_updates=3, lr=1e-2)
+    learner = config.build_learner(env=gym.make("CartPole-v1"))
+    module = learner.module[DEFAULT_MODULE_ID].unwrapped()
+    pairs = module.get_target_network_pairs()
+    assert pairs
+
+    def online() -> list[dict]:
+        return [{k: v.clone() for k, v in net.state_dict().items()} for net, _ in pairs]
+
+    def target() -> list[dict]:
+        return [{k: v.clone() for k, v in net.state_dict().items()} for _, net in pairs]
+
+    def equal(a: list[dict], b: list[dict]) -> bool:
+        return all(torch.equal(x[k], y[k]) for x, y in zip(a, b, strict=True) for k in x)
+
+    rng = np.random.default_rng(0)
+    online_after = {0: online()}
+    assert equal(target(), online_after[0])
+    try:
+        for k in range(1, 11):
+            rows = {
+                "obs": rng.normal(size=(32, 4)).astype(np.float32),
+                "action": rng.integers(0, 2, size=32),
+                "reward": rng.normal(size=32).astype(np.float32),
+                "discount": np.full(32, 0.97, dtype=np.float32),
+                "next_obs": rng.normal(size=(32, 4)).astype(np.float32),
+            }
+            batch = replay_rows_to_batch(rows, np.ones(32, dtype=np.float32))
+            learner.update(
+                batch=MultiAgentBatch({DEFAULT_MODULE_ID: batch}, env_steps=32),
+                timesteps={NUM_ENV_STEPS_SAMPLED_LIFETIME: 32 * k},
+            )
+            online_after[k] = online()
+            assert not equal(online_after[k], online_after[k - 1])  # every update trains
+            assert learner.num_gradient_updates == k
+            assert equal(target(), online_after[3 * (k // 3)]), k
+    finally:
+        learner.shutdown()
+
+
 @pytest.mark.parametrize("loss_type", ["huber", "mse"])
 def test_learner_loss_is_the_core_double_dqn_loss_with_weights(algo, loss_type):
     from ray.rllib.core import DEFAULT_MODULE_ID

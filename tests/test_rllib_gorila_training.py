@@ -28,6 +28,8 @@ def test_learns_cartpole_within_env_step_budget(ray_session):
     algorithm = small_config(updates_per_iteration=64).build_algo()
     scores = []
     try:
+        untrained = greedy_return(algorithm.get_module(), "CartPole-v1", episodes=5, seed=1000)
+        assert untrained < 150, f"the untrained policy already passes: {untrained}"
         env_steps, next_eval = 0, EVAL_EVERY_ENV_STEPS
         while env_steps < BUDGET_ENV_STEPS:
             result = algorithm.train()

@@ -7,6 +7,7 @@ serves the metrics, weights, checkpoint and fault tests.
 
 from __future__ import annotations
 
+import copy
 import itertools
 import math
 import time
@@ -659,6 +660,53 @@ def test_seed_mode_reports_server_metrics_and_policy_lag(seed_algo):
     assert math.isfinite(lag) and lag >= 0, history
     # The runners act with recent versions: the lag does not grow with the version count.
     assert lag <= metrics["version"] / 2, history
+
+
+def sampled_steps(algorithm, num_timesteps: int) -> list[tuple[np.ndarray, ...]]:
+    """``(obs, actions, action_logp, action_dist_inputs)`` of every runner's new episode steps."""
+
+    def sample(runner):
+        out = []
+        for episode in runner.sample(num_timesteps=num_timesteps, explore=True):
+            if len(episode) == 0:
+                continue
+            out.append(
+                (
+                    np.asarray(episode.get_observations())[:-1],
+                    np.asarray(episode.get_actions()),
+                    np.asarray(episode.get_extra_model_outputs(Columns.ACTION_LOGP)),
+                    np.asarray(episode.get_extra_model_outputs(Columns.ACTION_DIST_INPUTS)),
+                )
+            )
+        return out
+
+    per_runner = algorithm.env_runner_group.foreach_env_runner(sample, local_env_runner=False)
+    return [steps for runner in per_runner for steps in runner]
+
+
+@pytest.mark.ray
+def test_seed_mode_records_the_logp_of_the_weights_version_that_acted(seed_algo):
+    """The ``action_logp`` V-trace reads as mu(a|x) is log_softmax(logits)[a] of the weights the
+    server held when it chose the action, checked for two versions in a row."""
+    algorithm, _ = seed_algo
+    obs_probe = probe_obs()
+    previous = None
+    for _ in range(2):
+        train_until_learned(algorithm)  # a new learner version goes to the server
+        version, _ = server_logits(algorithm, obs_probe)  # waits until the server holds it
+        module = learner_module(algorithm)
+        steps = sampled_steps(algorithm, num_timesteps=24)
+        assert sum(len(actions) for _, actions, _, _ in steps) >= 48
+        assert ray.get(algorithm._inference.handle.get_version.remote()) == version
+        for obs, actions, logp, logits in steps:
+            expected_logits = module_logits(module, obs.astype(np.float32))
+            np.testing.assert_allclose(logits, expected_logits, atol=1e-5)
+            log_pi = torch.log_softmax(torch.as_tensor(expected_logits), dim=-1).numpy()
+            np.testing.assert_allclose(logp, log_pi[np.arange(len(actions)), actions], atol=1e-5)
+        if previous is not None:  # the versions differ, so the check above tells them apart
+            obs = steps[0][0].astype(np.float32)
+            assert not np.allclose(module_logits(previous, obs), module_logits(module, obs))
+        previous = copy.deepcopy(module)
 
 
 @pytest.mark.ray

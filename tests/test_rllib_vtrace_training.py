@@ -42,6 +42,8 @@ def test_vtrace_learns_cartpole_within_env_step_budget(ray_session, central):
     algorithm = small_config(central=central).build_algo()
     scores = []
     try:
+        untrained = greedy(algorithm)
+        assert untrained < THRESHOLD, f"the untrained policy already passes: {untrained}"
         steps = 0
         while steps < VTRACE_BUDGET_ENV_STEPS:
             result = algorithm.train()
@@ -68,6 +70,8 @@ def test_gorila_dqn_in_seed_mode_learns_cartpole_within_env_step_budget(ray_sess
     algorithm = config.build_algo()
     scores = []
     try:
+        untrained = greedy(algorithm)
+        assert untrained < THRESHOLD, f"the untrained policy already passes: {untrained}"
         steps, next_eval = 0, GORILA_EVAL_EVERY_ENV_STEPS
         while steps < GORILA_BUDGET_ENV_STEPS:
             result = algorithm.train()
