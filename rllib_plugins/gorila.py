@@ -128,16 +128,21 @@ class GorilaDQN(DQN):
         return None if self._inference is None else self._inference.handle
 
     def cleanup(self) -> None:
+        """Stop the runners and learners first (with the rate limiter off, so that none stays
+        blocked on it), then the inference server, the replay shards and the weights server."""
+        replay = getattr(self, "_replay", None)
+        if replay is not None:
+            replay.stop_rate_limiting()
+        super().cleanup()
         inference, self._inference = getattr(self, "_inference", None), None
         if inference is not None:
             inference.close()
-        if getattr(self, "_replay", None) is not None:
-            self._replay.close()
+        if replay is not None:
+            replay.close()
             self._replay = None
         if getattr(self, "_param_server", None) is not None:
             ray.kill(self._param_server, no_restart=True)
             self._param_server = None
-        super().cleanup()
 
     # ---- one iteration ------------------------------------------------------------------------
     def training_step(self) -> None:

@@ -61,6 +61,12 @@ class GorilaDQNConfig(CentralInferenceSettingsMixin, DQNConfig):
         self.env_runner_cls = GorilaEnvRunner
         # A second request queued per runner keeps it acting while the driver is learning.
         self.max_requests_in_flight_per_env_runner = 2
+        # RLlib merges and broadcasts the runners' connector states after every iteration with
+        # a blocking call per runner, which would queue behind the runners' acting requests
+        # (up to sync_filters_on_rollout_workers_timeout_s = 10 s per iteration). Gorila
+        # runners keep their own state; the replay holds raw observations.
+        self.merge_env_runner_states = False
+        self.broadcast_env_runner_states = False
         self.min_sample_timesteps_per_iteration = 1000
         self.min_time_s_per_iteration = None
         # The distributed replay replaces DQN's local one.

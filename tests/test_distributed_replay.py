@@ -195,7 +195,7 @@ def test_priority_updates_are_sent_every_batches_per_request_calls(make_replay):
     replay._reap_updates(block=False)
     assert replay.refresh()[0].total_priority == pytest.approx(total)
     replay.update_priorities(np.array([2]), np.array([11.0]))  # third call: all three go
-    replay._wait_for_oldest(replay._updates, "a priority update")
+    replay._reap_updates(block=True)
     assert replay.refresh()[0].total_priority == pytest.approx(total + 30.0)
     replay.update_priorities(np.array([3]), np.array([11.0]))
     replay.flush()  # flush sends a partial gathering too
@@ -385,6 +385,25 @@ def test_calls_to_a_shard_that_never_comes_back_raise_the_projects_error(make_re
         with pytest.raises(ReplayUnavailable, match=r"replay shard 0 .*dead"):
             call()
     assert time.monotonic() - started < 60  # bounded waits, not a hang
+
+
+def test_adds_give_up_when_no_shard_is_alive(make_replay):
+    """Batches whose shards died are re-sent elsewhere; when no shard ever answers again, the
+    client raises the project's error after timeout_s instead of re-sending forever."""
+    import ray
+
+    from rl_dist_ext.replay.distributed import ReplayUnavailable
+
+    replay = make_replay(num_shards=2, capacity=400, timeout_s=2.0, max_in_flight_adds=1)
+    replay.add(rows(0, 10))
+    replay.flush()
+    for handle in replay.handles:
+        ray.kill(handle, no_restart=True)
+    with pytest.raises(ReplayUnavailable, match="no replay shard took a batch"):
+        for start in range(10, 1_000, 10):
+            replay.add(rows(start, 10))
+        replay.flush()
+    assert replay.stats()["adds_rerouted"] >= 1
 
 
 def test_client_pickles_into_a_remote_producer(make_replay):

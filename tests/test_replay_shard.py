@@ -231,6 +231,23 @@ def test_blocked_insert_is_released_by_a_sample():
     asyncio.run(main())
 
 
+def test_stop_rate_limiting_releases_a_blocked_insert_and_later_ones():
+    async def main():
+        server = ReplayShardServer(blocking_spec())
+        for i in range(4):  # diff 40: the next insert waits for a sampler
+            await asyncio.wait_for(server.add(make_batch(10 * i, 10)), 0.2)
+        pending = asyncio.create_task(server.add(make_batch(40, 10)))
+        await asyncio.sleep(0.05)
+        assert not pending.done()
+        await server.stop_rate_limiting()
+        status = await asyncio.wait_for(pending, 1.0)
+        assert status.size == 50
+        later = await asyncio.wait_for(server.add(make_batch(50, 10)), 0.2)
+        assert later.size == 60
+
+    asyncio.run(main())
+
+
 def test_many_waiting_samplers_are_released_one_batch_at_a_time():
     async def main():
         server = ReplayShardServer(blocking_spec())

@@ -243,6 +243,31 @@ def test_checkpoint_without_replay(ray_session, tmp_path):
         algorithm.stop()
 
 
+def test_stop_does_not_wait_on_runners_blocked_by_the_rate_limiter(ray_session):
+    """samples_per_insert=1000: the runners' inserts soon wait for a learner that can never
+    catch up. stop() lifts the limiter first, so it neither waits out the limiter's 60 s
+    timeout nor leaves an actor behind."""
+    from test_rllib_vtrace import actors_left_since, alive_actor_classes
+
+    before = alive_actor_classes()
+    algorithm = small_config().replay(samples_per_insert=1000.0).build_algo()
+    try:
+        inserted = []  # until two reads 1 s apart see no new row: the runners are blocked
+        deadline = time.monotonic() + 120
+        while len(inserted) < 2 or inserted[-1] != inserted[-2]:
+            assert time.monotonic() < deadline, inserted
+            result = algorithm.train()
+            time.sleep(1.0)
+            inserted.append(algorithm._replay.stats()["num_inserted"])
+        assert result["gorila"]["replay_samples_per_insert"] < 1000.0  # the learner is behind
+    finally:
+        started = time.monotonic()
+        algorithm.stop()
+        stopped_in = time.monotonic() - started
+    assert stopped_in < 30.0, stopped_in
+    assert actors_left_since(before) == []
+
+
 def test_killed_env_runner_restarts_and_training_continues(ray_session):
     algorithm = small_config().build_algo()
     try:

@@ -192,6 +192,18 @@ class _ShardView:
 
 
 @dataclass
+class _PendingAdd:
+    """An add in flight: what to re-send to another shard if its shard dies."""
+
+    ref: Any
+    shard: int
+    batch: dict[str, np.ndarray]
+    priorities: np.ndarray | None
+    rows: int
+    first_sent: float
+
+
+@dataclass
 class _Counters:
     sample_wait_s: float = 0.0
     first_sample_time: float | None = None
@@ -253,7 +265,7 @@ class DistributedReplay:
         self._views = [_ShardView() for _ in handles]
         self._rng = np.random.default_rng(config.seed)
         self._next_insert = int(self._rng.integers(len(handles)))
-        self._adds: deque = deque()  # (ref, shard, batch, priorities, rows)
+        self._adds: deque[_PendingAdd] = deque()
         self._samples: deque = deque()  # (ref, shard, batch_size)
         self._ready: deque = deque()  # (batch_size, ReplaySample) split off a larger reply
         self._updates: deque = deque()  # (ref, shard, count)
@@ -316,7 +328,7 @@ class DistributedReplay:
     def _send_add(self, batch: dict, priorities: np.ndarray | None, rows: int) -> None:
         shard = self._pick_insert_shard()
         ref = self._handles[shard].add.remote(batch, priorities)
-        self._adds.append((ref, shard, batch, priorities, rows))
+        self._adds.append(_PendingAdd(ref, shard, batch, priorities, rows, time.monotonic()))
 
     def _pick_insert_shard(self) -> int:
         now = time.monotonic()
@@ -334,32 +346,32 @@ class DistributedReplay:
         if not self._adds:
             return
         if block:
-            self._wait_for_oldest(self._adds, "an add")
-        refs = [entry[0] for entry in self._adds]
+            self._wait_for(self._adds[0].ref, self._adds[0].shard, "an add")
+        refs = [add.ref for add in self._adds]
         done = set(ray.wait(refs, num_returns=len(refs), timeout=0)[0])
-        pending = deque()
-        for entry in self._adds:
-            ref, shard, batch, priorities, rows = entry
-            if ref not in done:
-                pending.append(entry)
+        pending: deque[_PendingAdd] = deque()
+        for add in self._adds:
+            if add.ref not in done:
+                pending.append(add)
                 continue
             try:
-                self._observe(shard, ray.get(ref))
+                self._observe(add.shard, ray.get(add.ref))
             except RateLimitTimeout:
                 raise
             except _actor_errors() as error:
-                self._mark_down(shard, error)
+                self._mark_down(add.shard, error)
+                if time.monotonic() - add.first_sent > self._config.timeout_s:
+                    raise ReplayUnavailable(
+                        f"no replay shard took a batch of {add.rows} rows within "
+                        f"{self._config.timeout_s}s (replay shard {add.shard} last: "
+                        f"{type(error).__name__})"
+                    ) from None
                 self._counters.adds_rerouted += 1
-                new_shard = self._pick_insert_shard()
-                pending.append(
-                    (
-                        self._handles[new_shard].add.remote(batch, priorities),
-                        new_shard,
-                        batch,
-                        priorities,
-                        rows,
-                    )
-                )
+                if all(v.down_until > time.monotonic() for v in self._views):
+                    time.sleep(0.05)  # every shard is restarting: don't spin on failing calls
+                add.shard = self._pick_insert_shard()
+                add.ref = self._handles[add.shard].add.remote(add.batch, add.priorities)
+                pending.append(add)
         self._adds = pending
 
     # ---- sample -------------------------------------------------------------------------------
@@ -512,7 +524,8 @@ class DistributedReplay:
         if not self._updates:
             return
         if block:
-            self._wait_for_oldest(self._updates, "a priority update")
+            ref, shard, _ = self._updates[0]
+            self._wait_for(ref, shard, "a priority update")
         while self._updates:
             ref, shard, count = self._updates[0]
             done, _ = ray.wait([ref], timeout=0)
@@ -525,11 +538,10 @@ class DistributedReplay:
                 self._mark_down(shard, error)
                 self._counters.priority_updates_lost += count
 
-    def _wait_for_oldest(self, queue: deque, what: str) -> None:
-        """Block until the oldest request in ``queue`` (``(ref, shard, ...)`` entries) is done."""
+    def _wait_for(self, ref: Any, shard: int, what: str) -> None:
+        """Block until ``ref`` (a call to ``shard``) is done, at most the reply timeout."""
         import ray
 
-        ref, shard = queue[0][0], queue[0][1]
         if not ray.wait([ref], timeout=self._reply_timeout_s)[0]:
             raise ReplayTimeout(
                 f"{what} to replay shard {shard} got no answer in {self._reply_timeout_s}s"
@@ -701,6 +713,13 @@ class DistributedReplay:
                 continue
             del pending[shard]
         return [replies[shard] for shard in range(self.num_shards)]
+
+    def stop_rate_limiting(self) -> None:
+        """Let every waiting and later insert or sample through, on every shard (without
+        waiting for the replies): call it before stopping the actors and learners of a
+        rate-limited run, so that none of them stays blocked on the limiter."""
+        for handle in self._handles:
+            handle.stop_rate_limiting.remote()
 
     def close(self) -> None:
         """Stop the shard actors (their snapshots stay on disk)."""

@@ -83,6 +83,7 @@ class ReplayShardServer:
         self._changed: asyncio.Condition | None = None  # bound to the loop it was made in
         self._changed_loop: asyncio.AbstractEventLoop | None = None
         self._num_sampled = 0
+        self._rate_limited = True
         self._incarnation = uuid.uuid4().hex
         self._restored_num_inserted = 0
         self._inserts_at_snapshot = 0
@@ -156,6 +157,13 @@ class ReplayShardServer:
         await self._notify()
         return self.status()
 
+    async def stop_rate_limiting(self) -> ShardStatus:
+        """Let every waiting and later insert or sample through (for shutting a run down: an
+        actor blocked on the limiter would otherwise hold its caller until the timeout)."""
+        self._rate_limited = False
+        await self._notify()
+        return self.status()
+
     async def snapshot_now(self) -> ShardStatus:
         if self._spec.snapshot_uri is None:
             raise ValueError("this shard has no snapshot_uri configured")
@@ -194,7 +202,10 @@ class ReplayShardServer:
         self._inserts_at_snapshot = self._replay.num_inserted
         self._last_snapshot_time = time.monotonic()
 
-    async def _wait_until(self, allowed, what: str) -> None:
+    async def _wait_until(self, limit_allows, what: str) -> None:
+        def allowed() -> bool:
+            return not self._rate_limited or limit_allows()
+
         if allowed():
             return
         loop = asyncio.get_running_loop()
