@@ -252,6 +252,61 @@ def test_rate_limiter_times_out_with_a_clear_error(make_replay):
             replay.sample(16)
 
 
+def test_rate_limited_learner_and_actor_keep_going_when_shard_masses_differ(make_replay):
+    """Two shards, one with 20x the priority mass: the learner samples it far more often, so
+    per shard the learner runs ahead on one and the actors on the other. Each side must then
+    use the shard that lets it through (no dead-lock of a learner waiting on one shard while
+    the actor waits on the other), and the whole replay keeps samples per insert near 4."""
+    import ray
+
+    replay = make_replay(
+        num_shards=2,
+        capacity=100_000,
+        alpha=1.0,
+        min_size_to_sample=200,
+        samples_per_insert=4.0,
+        error_buffer=800.0,
+        timeout_s=5.0,
+        status_refresh_s=0.2,
+    )
+
+    @ray.remote(num_cpus=0.1)
+    def insert_for(client, seconds: float) -> int:
+        import time as time_
+
+        import numpy as np_
+
+        rows, start = 0, time_.monotonic()
+        while time_.monotonic() - start < seconds:
+            ids = np_.arange(rows, rows + 50)
+            priority = 20.0 if (rows // 50) % 2 else 1.0  # round-robin: one shard gets the 20s
+            client.add(
+                {"id": ids, "obs": np_.repeat(ids[:, None], 3, axis=1).astype(np_.float32)},
+                priorities=np_.full(50, priority),
+            )
+            rows += 50
+        client.flush()
+        return rows
+
+    inserted_ref = insert_for.remote(replay, 15.0)
+    deadline = time.monotonic() + 60  # the task starts slowly on a busy machine
+    while min(status.size for status in replay.refresh()) < 100:  # the learner may start
+        assert time.monotonic() < deadline
+        time.sleep(0.1)
+    sampled, started = 0, time.monotonic()
+    while not ray.wait([inserted_ref], timeout=0)[0]:  # learn for as long as the actor acts
+        assert time.monotonic() - started < 120
+        sample = replay.sample(32, beta=0.4)
+        replay.update_priorities(sample.keys, np.where(sample.batch["id"] // 50 % 2, 20.0, 1.0))
+        sampled += 32
+    inserted = ray.get(inserted_ref)
+    replay.flush()
+    stats = replay.stats()
+    assert inserted >= 1_000 and sampled >= 4_000, (inserted, sampled)
+    assert 2.0 <= stats["samples_per_insert"] <= 6.0, stats
+    assert stats["num_inserted"] == inserted
+
+
 def test_inserts_wait_when_actors_are_too_far_ahead(make_replay):
     replay = make_replay(
         num_shards=1,

@@ -22,8 +22,14 @@ config, so it pickles: actors and learners each get their own copy.
 - ``update_priorities`` splits keys by shard and sends them without waiting (with
   ``batches_per_request = K``: gathered over K calls, then sent together); keys of rows
   overwritten meanwhile are dropped by the shard and counted.
-- Rate limiting (Reverb semantics, per shard; see ``rate_limiter``) happens inside the shards:
-  too far ahead, a sample or insert waits there, up to ``timeout_s``, then fails with
+- Rate limiting (Reverb semantics, per shard; see ``rate_limiter``) happens inside the shards,
+  and the clients route around it: every status says whether the shard's limiter lets an insert
+  or a sample through, inserts go to shards that take them and samples to shards that allow
+  them (by priority mass among those). A call that finds its shard closed waits there at most
+  ``status_refresh_s`` and is then re-routed with fresh statuses. Per shard, proportional
+  sampling would otherwise run the learner ahead on high-mass shards and the actors ahead on
+  the others, and a learner waiting on one shard while the actors wait on another would never
+  wake. Only when no shard lets a side through for ``timeout_s`` does it fail with
   :class:`RateLimitTimeout`.
 - A shard whose actor dies is restarted by Ray and reloads its latest snapshot (when
   ``snapshot_dir`` is set). Meanwhile the client samples from the others and inserts elsewhere;
@@ -312,6 +318,7 @@ class DistributedReplay:
             priorities = np.asarray(priorities, dtype=np.float64)
             if priorities.shape != (rows,):
                 raise ValueError(f"priorities must have shape ({rows},), got {priorities.shape}")
+        self._poll_statuses()
         self._reap_adds(block=False)
         while len(self._adds) >= self._config.max_in_flight_adds:
             self._reap_adds(block=True)
@@ -326,28 +333,42 @@ class DistributedReplay:
             self._reap_updates(block=True)
 
     def _send_add(self, batch: dict, priorities: np.ndarray | None, rows: int) -> None:
-        shard = self._pick_insert_shard()
-        ref = self._handles[shard].add.remote(batch, priorities)
-        self._adds.append(_PendingAdd(ref, shard, batch, priorities, rows, time.monotonic()))
+        add = _PendingAdd(None, -1, batch, priorities, rows, time.monotonic())
+        self._route_add(add)
+        self._adds.append(add)
+
+    def _route_add(self, add: _PendingAdd) -> None:
+        """(Re-)send ``add`` to the next live shard whose limiter takes inserts."""
+        add.shard = self._pick_insert_shard()
+        add.ref = self._handles[add.shard].add.remote(
+            add.batch, add.priorities, max_wait_s=self._config.status_refresh_s
+        )
 
     def _pick_insert_shard(self) -> int:
+        """Round-robin over live shards, those whose limiter takes inserts first."""
         now = time.monotonic()
-        for _ in range(self.num_shards):
-            shard = self._next_insert
-            self._next_insert = (self._next_insert + 1) % self.num_shards
-            if self._views[shard].down_until <= now:
-                return shard
-        # Every shard failed recently: try the one that comes back soonest.
-        return min(range(self.num_shards), key=lambda i: self._views[i].down_until)
+        order = [(self._next_insert + i) % self.num_shards for i in range(self.num_shards)]
+        live = [i for i in order if self._views[i].down_until <= now]
+        if not live:  # every shard failed recently: try the one that comes back soonest
+            return min(range(self.num_shards), key=lambda i: self._views[i].down_until)
+        open_ = [
+            i for i in live if self._views[i].status is None or self._views[i].status.can_insert
+        ]
+        shard = (open_ or live)[0]
+        self._next_insert = (shard + 1) % self.num_shards
+        return shard
 
     def _reap_adds(self, *, block: bool) -> None:
         import ray
 
         if not self._adds:
             return
-        if block:
-            self._wait_for(self._adds[0].ref, self._adds[0].shard, "an add")
         refs = [add.ref for add in self._adds]
+        if block and not ray.wait(refs, num_returns=1, timeout=self._reply_timeout_s)[0]:
+            raise ReplayTimeout(
+                f"no add to the replay shards {sorted({a.shard for a in self._adds})} got an "
+                f"answer in {self._reply_timeout_s}s"
+            )
         done = set(ray.wait(refs, num_returns=len(refs), timeout=0)[0])
         pending: deque[_PendingAdd] = deque()
         for add in self._adds:
@@ -357,7 +378,17 @@ class DistributedReplay:
             try:
                 self._observe(add.shard, ray.get(add.ref))
             except RateLimitTimeout:
-                raise
+                self._note_closed(add.shard, inserts=True)
+                if time.monotonic() - add.first_sent > self._config.timeout_s:
+                    raise RateLimitTimeout(
+                        f"no replay shard took a batch of {add.rows} rows within "
+                        f"{self._config.timeout_s}s: every shard's rate limiter says the actors "
+                        f"are ahead (samples_per_insert={self._config.samples_per_insert}); no "
+                        "learner is sampling fast enough"
+                    ) from None
+                self._poll_statuses()
+                self._route_add(add)
+                pending.append(add)
             except _actor_errors() as error:
                 self._mark_down(add.shard, error)
                 if time.monotonic() - add.first_sent > self._config.timeout_s:
@@ -369,10 +400,17 @@ class DistributedReplay:
                 self._counters.adds_rerouted += 1
                 if all(v.down_until > time.monotonic() for v in self._views):
                     time.sleep(0.05)  # every shard is restarting: don't spin on failing calls
-                add.shard = self._pick_insert_shard()
-                add.ref = self._handles[add.shard].add.remote(add.batch, add.priorities)
+                self._route_add(add)
                 pending.append(add)
         self._adds = pending
+
+    def _note_closed(self, shard: int, *, inserts: bool) -> None:
+        """A call to ``shard`` timed out on its rate limiter: route elsewhere until a newer
+        status says it is open again."""
+        status = self._views[shard].status
+        if status is not None:
+            closed = {"can_insert": False} if inserts else {"can_sample": False}
+            self._views[shard].status = status._replace(**closed)
 
     # ---- sample -------------------------------------------------------------------------------
     def sample(self, batch_size: int, *, beta: float = 0.4) -> ReplaySample:
@@ -394,8 +432,8 @@ class DistributedReplay:
         if all(view.status is None for view in self._views):
             self.refresh()  # a new or unpickled client: learn every shard's mass first
         self._poll_statuses()
-        deadline = time.monotonic() + self._reply_timeout_s
         started = time.monotonic()
+        deadline = started + self._reply_timeout_s
         if self._counters.first_sample_time is None:
             self._counters.first_sample_time = started
         while True:
@@ -405,10 +443,21 @@ class DistributedReplay:
             try:
                 reply = ray.get(ref, timeout=max(0.0, deadline - time.monotonic()))
             except RateLimitTimeout:
-                # The other prefetched requests waited as long and most likely timed out too; a
-                # later call must not get their stale timeouts once rows have arrived.
-                self._samples.clear()
-                raise
+                self._note_closed(shard, inserts=False)
+                if time.monotonic() - started > self._config.timeout_s:
+                    # The other prefetched requests are as old: a later call must not get
+                    # their stale timeouts once rows have arrived.
+                    self._samples.clear()
+                    raise RateLimitTimeout(
+                        f"no replay shard let a sample of {batch_size} rows through within "
+                        f"{self._config.timeout_s}s: every shard's rate limiter says the "
+                        f"learner is ahead (samples_per_insert="
+                        f"{self._config.samples_per_insert}, min_size_to_sample="
+                        f"{self._config.min_size_to_sample}); actors are not inserting fast "
+                        "enough"
+                    ) from None
+                self._poll_statuses()
+                continue
             except ray.exceptions.GetTimeoutError:
                 raise ReplayTimeout(
                     f"sample from replay shard {shard} got no answer in {self._reply_timeout_s}s"
@@ -445,10 +494,14 @@ class DistributedReplay:
         return parts[0]
 
     def _request_sample(self, batch_size: int) -> None:
+        """Send a sample request to a shard picked by priority mass, among the live shards
+        whose limiter lets samples through if there are any."""
         now = time.monotonic()
         up = [i for i, v in enumerate(self._views) if v.down_until <= now]
         if not up:
             up = [min(range(self.num_shards), key=lambda i: self._views[i].down_until)]
+        open_ = [i for i in up if self._views[i].status and self._views[i].status.can_sample]
+        up = open_ or up
         mass = np.array(
             [self._views[i].status.total_priority if self._views[i].status else 0.0 for i in up]
         )
@@ -457,7 +510,8 @@ class DistributedReplay:
         else:  # nothing known yet: any live shard (its rate limiter waits for min size)
             shard = up[int(self._rng.integers(len(up)))]
         rows = batch_size * self._config.batches_per_request
-        self._samples.append((self._handles[shard].sample.remote(rows), shard, batch_size))
+        ref = self._handles[shard].sample.remote(rows, max_wait_s=self._config.status_refresh_s)
+        self._samples.append((ref, shard, batch_size))
 
     def _poll_statuses(self) -> None:
         """Take the status replies that arrived; ask every shard again every
@@ -607,6 +661,12 @@ class DistributedReplay:
 
     def _observe(self, shard: int, status: ShardStatus) -> None:
         view = self._views[shard]
+        if (
+            view.status is not None
+            and view.status.incarnation == status.incarnation
+            and status.seq < view.status.seq
+        ):
+            return  # a reply that arrived after a newer one: keep the newer view
         if view.status is not None and view.status.incarnation != status.incarnation:
             lost = max(0, view.max_num_inserted_seen - status.restored_num_inserted)
             self._counters.items_lost += lost

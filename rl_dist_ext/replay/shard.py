@@ -40,6 +40,9 @@ class ShardStatus(NamedTuple):
     stale_updates: int
     incarnation: str  # random id of this actor incarnation; changes when the shard restarts
     restored_num_inserted: int  # num_inserted right after the last restore (0 if none)
+    can_insert: bool = True  # the rate limiter lets an insert through now
+    can_sample: bool = False  # the rate limiter lets a sample through now
+    seq: int = 0  # increases with every status of this incarnation: replies can arrive late
 
 
 class ShardSample(NamedTuple):
@@ -84,6 +87,7 @@ class ReplayShardServer:
         self._changed_loop: asyncio.AbstractEventLoop | None = None
         self._num_sampled = 0
         self._rate_limited = True
+        self._status_seq = 0
         self._incarnation = uuid.uuid4().hex
         self._restored_num_inserted = 0
         self._inserts_at_snapshot = 0
@@ -95,10 +99,17 @@ class ReplayShardServer:
 
     # ---- data path ----------------------------------------------------------------------------
     async def add(
-        self, batch: Mapping[str, np.ndarray], priorities: np.ndarray | None = None
+        self,
+        batch: Mapping[str, np.ndarray],
+        priorities: np.ndarray | None = None,
+        *,
+        max_wait_s: float | None = None,
     ) -> ShardStatus:
-        """Insert rows, waiting (up to the timeout) while the rate limiter says actors are ahead."""
-        await self._wait_until(lambda: self._limiter.can_insert(len(self._replay)), "insert")
+        """Insert rows, waiting while the rate limiter says actors are ahead: up to
+        ``max_wait_s`` (default: the spec's timeout), then :class:`RateLimitTimeout`."""
+        await self._wait_until(
+            lambda: self._limiter.can_insert(len(self._replay)), "insert", max_wait_s
+        )
         rows = self._replay.num_inserted
         self._replay.add(batch, priorities)
         self._limiter.inserted(self._replay.num_inserted - rows)
@@ -106,9 +117,12 @@ class ReplayShardServer:
         self._maybe_snapshot()
         return self.status()
 
-    async def sample(self, batch_size: int) -> ShardSample:
-        """Draw ``batch_size`` rows, waiting while the rate limiter says the learner is ahead."""
-        await self._wait_until(lambda: self._limiter.can_sample(len(self._replay)), "sample")
+    async def sample(self, batch_size: int, *, max_wait_s: float | None = None) -> ShardSample:
+        """Draw ``batch_size`` rows, waiting while the rate limiter says the learner is ahead
+        (up to ``max_wait_s``, as in :meth:`add`)."""
+        await self._wait_until(
+            lambda: self._limiter.can_sample(len(self._replay)), "sample", max_wait_s
+        )
         items = self._replay.sample_items(batch_size)
         self._limiter.sampled(batch_size)
         self._num_sampled += batch_size
@@ -124,6 +138,7 @@ class ReplayShardServer:
         return self.status()
 
     def status(self) -> ShardStatus:
+        self._status_seq += 1
         return ShardStatus(
             shard_index=self._spec.shard_index,
             size=len(self._replay),
@@ -134,6 +149,9 @@ class ReplayShardServer:
             stale_updates=self._replay.stale_updates,
             incarnation=self._incarnation,
             restored_num_inserted=self._restored_num_inserted,
+            can_insert=not self._rate_limited or self._limiter.can_insert(len(self._replay)),
+            can_sample=not self._rate_limited or self._limiter.can_sample(len(self._replay)),
+            seq=self._status_seq,
         )
 
     async def save(self, uri: str) -> ShardStatus:
@@ -202,22 +220,23 @@ class ReplayShardServer:
         self._inserts_at_snapshot = self._replay.num_inserted
         self._last_snapshot_time = time.monotonic()
 
-    async def _wait_until(self, limit_allows, what: str) -> None:
+    async def _wait_until(self, limit_allows, what: str, max_wait_s: float | None) -> None:
         def allowed() -> bool:
             return not self._rate_limited or limit_allows()
 
         if allowed():
             return
+        timeout_s = self._spec.timeout_s if max_wait_s is None else max_wait_s
         loop = asyncio.get_running_loop()
         if self._changed_loop is not loop:
             self._changed, self._changed_loop = asyncio.Condition(), loop
         async with self._changed:
             try:
-                await asyncio.wait_for(self._changed.wait_for(allowed), self._spec.timeout_s)
+                await asyncio.wait_for(self._changed.wait_for(allowed), timeout_s)
             except asyncio.TimeoutError:
                 raise RateLimitTimeout(
                     f"replay shard {self._spec.shard_index}: {what} waited "
-                    f"{self._spec.timeout_s:.1f}s on the rate limiter "
+                    f"{timeout_s:.1f}s on the rate limiter "
                     f"({self._limiter.describe(len(self._replay))}); "
                     + (
                         "no learner is sampling fast enough"
