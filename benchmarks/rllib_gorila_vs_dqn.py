@@ -7,12 +7,15 @@ stand-in for a slow simulator), each seed and each algorithm, the clock runs fro
 run every ``--eval-every-s`` seconds of training and are not counted in the clock.
 
 RLlib DQN uses RLlib's tuned CartPole settings (prioritized episode replay, n-step (2, 5),
-dueling, double-Q, 256-unit tanh MLP, epsilon 1.0 -> 0.02 over 10k steps, lr 5e-4, batch 32)
-with the same number of env runners as GorilaDQN.
+dueling, double-Q, 256-unit tanh MLP and head, epsilon 1.0 -> 0.02 over 10k steps, lr 5e-4,
+batch 32) in its fastest sampling layout on this machine: ``--dqn-layouts`` races several
+(``--no-gorila --name rllib_dqn_layouts`` picks one), the default is the one that won.
 
-Writes ``benchmarks/results/rllib_gorila_vs_dqn.{json,md}``::
+Writes ``benchmarks/results/<--name>.{json,md}``::
 
-    .venv/bin/python benchmarks/rllib_gorila_vs_dqn.py [--seeds 0 1 2] [--max-seconds 300]
+    .venv/bin/python benchmarks/rllib_gorila_vs_dqn.py --no-gorila --envs CartPole-v1 \\
+        --seeds 0 --dqn-layouts driver-1env driver-4envs 1-runner --name rllib_dqn_layouts
+    .venv/bin/python benchmarks/rllib_gorila_vs_dqn.py [--seeds 0 1 2] [--max-seconds 600]
 """
 
 from __future__ import annotations
@@ -40,37 +43,45 @@ def make_env(name: str) -> gym.Env:
 
 
 def gorila_config(env: str, seed: int, runners: int):
+    """GorilaDQNConfig's defaults (16 samples per insert, batch 128, lr 1e-3, target update
+    every 250 gradient updates) with ``runners`` x 4 envs."""
     from rllib_plugins import GorilaDQNConfig
 
     return (
         GorilaDQNConfig()
         .environment(env)
-        .env_runners(
-            num_env_runners=runners, num_envs_per_env_runner=4, num_cpus_per_env_runner=0.2
-        )
+        .env_runners(num_env_runners=runners, num_envs_per_env_runner=4)
         .learners(num_learners=0)
-        .training(
-            lr=1e-3,
-            n_step=3,
-            train_batch_size_per_learner=256,
-            target_update_every_n_updates=250,
-            weight_sync_every_n_steps=400,
-            env_steps_per_request=128,
-            updates_per_iteration=64,
-        )
         .replay(num_shards=2, capacity=50_000, min_size_to_sample=1_000)
         .reporting(min_sample_timesteps_per_iteration=1_000)
         .debugging(seed=seed)
     )
 
 
-def dqn_config(env: str, seed: int, runners: int):
+#: Where RLlib's DQN samples: in the driver (0 remote env runners) with 1 or 4 envs, or in one
+#: remote env runner. The race uses ``--dqn-layouts`` (default: the fastest one measured here,
+#: ``benchmarks/results/rllib_dqn_layouts.md``).
+DQN_LAYOUTS = {
+    "driver-1env": {"num_env_runners": 0, "num_envs_per_env_runner": 1},
+    "driver-4envs": {"num_env_runners": 0, "num_envs_per_env_runner": 4},
+    "1-runner": {"num_env_runners": 1, "num_envs_per_env_runner": 1},
+}
+
+
+BEST_DQN_LAYOUT = "driver-1env"
+
+
+def dqn_config(env: str, seed: int, layout: str):
+    """RLlib's tuned CartPole DQN (``examples/algorithms/dqn/cartpole_dqn.py``): prioritized
+    episode replay, n-step (2, 5), dueling, double-Q, 256-unit tanh MLP and head, epsilon 1.0 ->
+    0.02 over 10k steps, lr 5e-4, batch 32."""
     from ray.rllib.algorithms.dqn import DQNConfig
+    from ray.rllib.core.rl_module.default_model_config import DefaultModelConfig
 
     return (
         DQNConfig()
         .environment(env)
-        .env_runners(num_env_runners=runners, num_cpus_per_env_runner=0.2)
+        .env_runners(**DQN_LAYOUTS[layout])
         .learners(num_learners=0)
         .training(
             lr=5e-4,
@@ -86,34 +97,37 @@ def dqn_config(env: str, seed: int, runners: int):
             num_atoms=1,
             noisy=False,
             dueling=True,
+            epsilon=[(0, 1.0), (10_000, 0.02)],
         )
         .rl_module(
-            model_config={
-                "fcnet_hiddens": [256],
-                "fcnet_activation": "tanh",
-                "epsilon": [(0, 1.0), (10_000, 0.02)],
-                "fcnet_bias_initializer": "zeros_",
-                "post_fcnet_bias_initializer": "zeros_",
-                "post_fcnet_hiddens": [256],
-            }
+            model_config=DefaultModelConfig(
+                fcnet_hiddens=[256],
+                fcnet_activation="tanh",
+                fcnet_bias_initializer="zeros_",
+                head_fcnet_hiddens=[256],
+                head_fcnet_bias_initializer="zeros_",
+            )
         )
         .debugging(seed=seed)
     )
 
 
-def time_to_target(algo_name, env, seed, runners, max_seconds, eval_every_s) -> dict:
+def time_to_target(algo_name, env, seed, args) -> dict:
     from ray.tune.registry import register_env
 
     import rllib_plugins  # noqa: F401  (registers GorilaDQN)
 
     register_env("SlowCartPole-v1", lambda _cfg: make_env("SlowCartPole-v1"))
-    build = gorila_config if algo_name == "GorilaDQN" else dqn_config
-    algo = build(env, seed, runners).build_algo()
+    if algo_name == "GorilaDQN":
+        config = gorila_config(env, seed, args.runners)
+    else:
+        config = dqn_config(env, seed, algo_name.removeprefix("DQN:"))
+    algo = config.build_algo()
     return rllib_time_to_target(
         algo,
         seed=seed,
-        max_seconds=max_seconds,
-        eval_every_s=eval_every_s,
+        max_seconds=args.max_seconds,
+        eval_every_s=args.eval_every_s,
         greedy_module=lambda a: a.get_module(),
     )
 
@@ -122,77 +136,94 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--envs", nargs="+", default=["CartPole-v1", "SlowCartPole-v1"])
-    parser.add_argument("--runners", type=int, default=4)
-    parser.add_argument("--max-seconds", type=float, default=300.0)
+    parser.add_argument("--runners", type=int, default=4, help="GorilaDQN's env runners")
+    parser.add_argument(
+        "--dqn-layouts", nargs="+", default=[BEST_DQN_LAYOUT], choices=sorted(DQN_LAYOUTS)
+    )
+    parser.add_argument("--no-gorila", action="store_true", help="race the DQN layouts only")
+    parser.add_argument("--max-seconds", type=float, default=600.0)
     parser.add_argument("--eval-every-s", type=float, default=5.0)
+    parser.add_argument("--name", default="rllib_gorila_vs_dqn", help="results file name")
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args()
     torch.set_num_threads(1)
 
+    dqns = [f"DQN:{layout}" for layout in args.dqn_layouts]
+    algos = dqns if args.no_gorila else ["GorilaDQN", *dqns]
     runs = race_each_in_fresh_ray(
         args.envs,
         args.seeds,
-        ["GorilaDQN", "DQN"],
-        lambda algo_name, env, seed: time_to_target(
-            algo_name, env, seed, args.runners, args.max_seconds, args.eval_every_s
-        ),
+        algos,
+        lambda algo_name, env, seed: time_to_target(algo_name, env, seed, args),
     )
 
     summary = {}
     for env, by_algo in runs.items():
-        gorila = median_or_none([r["seconds_to_target"] for r in by_algo["GorilaDQN"]])
-        dqn = median_or_none([r["seconds_to_target"] for r in by_algo["DQN"]])
-        if gorila is not None and dqn is not None:
+        medians = {
+            name: median_or_none([r["seconds_to_target"] for r in by_algo[name]]) for name in algos
+        }
+        best_dqn = min(dqns, key=lambda name: medians[name] or float("inf"))
+        entry = {"median_s": medians, "best_dqn": best_dqn}
+        gorila, dqn = medians.get("GorilaDQN"), medians[best_dqn]
+        if "GorilaDQN" not in medians:
+            ratio, bound = None, "n/a"
+        elif gorila is not None and dqn is not None:
             ratio, bound = gorila / dqn, "="
         elif gorila is not None:  # DQN did not get there: the ratio is below this bound
             ratio, bound = gorila / args.max_seconds, "<"
         else:
             ratio, bound = None, "n/a"
-        summary[env] = {
-            "gorila_median_s": gorila,
-            "dqn_median_s": dqn,
-            "ratio": ratio,
-            "ratio_bound": bound,
-        }
+        summary[env] = entry | {"ratio": ratio, "ratio_bound": bound}
 
     result = {
-        "benchmark": "rllib_gorila_vs_dqn",
+        "benchmark": args.name,
         "date": time.strftime("%Y-%m-%d %H:%M:%S"),
         "machine": {"cpus": os.cpu_count(), "platform": platform.platform()},
         "params": vars(args) | {"out": str(args.out), "target_return": TARGET},
+        "dqn_layouts": {name: DQN_LAYOUTS[name] for name in args.dqn_layouts},
         "runs": runs,
         "summary": summary,
-        "targets": {"CartPole-v1": 0.3, "SlowCartPole-v1": 0.2},
+        "targets": {"CartPole-v1": 0.3, "SlowCartPole-v1": 0.3},
     }
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "rllib_gorila_vs_dqn.json").write_text(json.dumps(result, indent=2) + "\n")
+    (args.out / f"{args.name}.json").write_text(json.dumps(result, indent=2) + "\n")
 
     lines = [
         "# GorilaDQN vs RLlib DQN: wall-clock to greedy return >= 450 (10 episodes)",
         "",
-        f"Seeds {args.seeds}, {args.runners} env runners each, learner in the driver, "
-        f"cap {args.max_seconds:.0f} s of training per run (evaluation time excluded), "
-        f"{result['machine']['cpus']} CPUs, one run ({result['date']} UTC). "
+        f"Seeds {args.seeds}, GorilaDQN with {args.runners} env runners x 4 envs and its "
+        "defaults, RLlib DQN with its tuned CartPole settings sampling in the layouts below; "
+        f"learners in the driver, cap {args.max_seconds:.0f} s of training per run (evaluation "
+        f"time excluded), {result['machine']['cpus']} CPUs, one run ({result['date']} UTC). "
         "SlowCartPole-v1 adds 2 ms per env step.",
         "",
-        "| env | seed | GorilaDQN | env steps | RLlib DQN | env steps |",
-        "|---|---:|---:|---:|---:|---:|",
+        "DQN layouts: "
+        + "; ".join(
+            f"`{name}` = {DQN_LAYOUTS[name]['num_env_runners']} remote env runners, "
+            f"{DQN_LAYOUTS[name]['num_envs_per_env_runner']} env(s) per runner"
+            for name in args.dqn_layouts
+        ),
+        "",
+        "| env | seed | " + " | ".join(f"{name} | env steps" for name in algos) + " |",
+        "|---|---:|" + "---:|---:|" * len(algos),
     ]
     for env, by_algo in runs.items():
-        for g, d in zip(by_algo["GorilaDQN"], by_algo["DQN"], strict=True):
-            lines.append(
-                f"| {env} | {g['seed']} | {fmt(g['seconds_to_target'])} | {g['env_steps']:,} | "
-                f"{fmt(d['seconds_to_target'])} | {d['env_steps']:,} |"
-            )
+        for i, seed in enumerate(args.seeds):
+            cells = [
+                f"{fmt(by_algo[name][i]['seconds_to_target'])} | {by_algo[name][i]['env_steps']:,}"
+                for name in algos
+            ]
+            lines.append(f"| {env} | {seed} | " + " | ".join(cells) + " |")
     lines += [
         "",
-        "| env | GorilaDQN median | RLlib DQN median | ratio | target |",
-        "|---|---:|---:|---:|---:|",
+        "| env | " + " | ".join(f"{name} median" for name in algos) + " | ratio | target |",
+        "|---|" + "---:|" * (len(algos) + 2),
     ]
-    for env, s in summary.items():
-        ratio = "n/a" if s["ratio"] is None else f"{s['ratio_bound']} {s['ratio']:.3f}"
+    for env, entry in summary.items():
+        ratio = "n/a" if entry["ratio"] is None else f"{entry['ratio_bound']} {entry['ratio']:.3f}"
+        medians = " | ".join(fmt(entry["median_s"][name]) for name in algos)
         lines.append(
-            f"| {env} | {fmt(s['gorila_median_s'])} | {fmt(s['dqn_median_s'])} | {ratio} | "
+            f"| {env} | {medians} | {ratio} (vs {entry['best_dqn']}) | "
             f"<= {result['targets'].get(env, float('nan'))} |"
         )
     lines += [
@@ -200,7 +231,7 @@ def main() -> None:
         "A median counts runs that never reached 450 as infinitely slow; when RLlib DQN's "
         "median is 'not reached', the ratio is bounded by GorilaDQN's median over the cap.",
     ]
-    (args.out / "rllib_gorila_vs_dqn.md").write_text("\n".join(lines) + "\n")
+    (args.out / f"{args.name}.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 
 

@@ -3,9 +3,10 @@
 Env runners act with their own Ape-X epsilons and push prioritized n-step transitions to a
 sharded replay; one learner trains double DQN and publishes weights the runners pull. The script
 prints progress every iteration, evaluates the greedy policy every ``--eval-every`` env steps,
-stops at ``--env-steps`` or once the greedy return reaches ``--target-return``, then prints the
-final greedy return (10 episodes) and writes a checkpoint (including the replay) and a learning
-curve PNG under ``--out``. This is what ``make demo`` runs.
+stops at ``--env-steps`` or once ``--target-evals`` evaluations in a row reach
+``--target-return`` (it learned, and stayed learned), then prints the final greedy return (10
+episodes) and writes a checkpoint (including the replay) and a learning curve PNG under
+``--out``. This is what ``make demo`` runs.
 
     .venv/bin/python examples/rllib_gorila_cartpole.py [--env-steps 300000] [--seed 0]
 """
@@ -48,6 +49,8 @@ def plot_curve(curve: list[tuple[int, float, float]], path: Path) -> None:
 
 
 def build_config(args):
+    """GorilaDQNConfig's defaults (lr 1e-3, batch 128, n-step 3, target update every 250
+    gradient updates, 16 samples per insert held by the rate limiter) plus the layout."""
     from rllib_plugins import GorilaDQNConfig
 
     return (
@@ -59,17 +62,7 @@ def build_config(args):
             num_cpus_per_env_runner=args.cpus_per_runner,
         )
         .learners(num_learners=0)
-        .training(
-            lr=1e-3,
-            n_step=3,
-            gamma=0.99,
-            train_batch_size_per_learner=256,
-            target_update_every_n_updates=250,
-            weight_sync_every_n_steps=400,
-            env_steps_per_request=128,
-            updates_per_iteration=64,
-        )
-        .replay(num_shards=args.num_shards, capacity=50_000, min_size_to_sample=1_000)
+        .replay(num_shards=args.num_shards, capacity=50_000)
         .reporting(min_sample_timesteps_per_iteration=1_000)
         .debugging(seed=args.seed)
     )
@@ -85,6 +78,7 @@ def main() -> None:
     parser.add_argument("--cpus-per-runner", type=float, default=0.2, help="Ray CPUs reserved")
     parser.add_argument("--eval-every", type=int, default=5_000)
     parser.add_argument("--target-return", type=float, default=475.0)
+    parser.add_argument("--target-evals", type=int, default=3, help="in a row, to stop early")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, default=Path("runs/rllib_gorila"))
     args = parser.parse_args()
@@ -98,7 +92,7 @@ def main() -> None:
     curve: list[tuple[int, float, float]] = []
     start = time.perf_counter()
     next_eval = args.eval_every
-    env_steps = 0
+    env_steps = in_a_row = 0
     try:
         while env_steps < args.env_steps:
             result = algo.train()
@@ -125,8 +119,13 @@ def main() -> None:
                 )
                 curve.append((env_steps, train_return, greedy))
                 log.info("greedy evaluation return after %d env steps: %.1f", env_steps, greedy)
-                if greedy >= args.target_return:
-                    log.info("target return %.0f reached", args.target_return)
+                in_a_row = in_a_row + 1 if greedy >= args.target_return else 0
+                if in_a_row >= args.target_evals:
+                    log.info(
+                        "target return %.0f reached in %d evaluations in a row",
+                        args.target_return,
+                        in_a_row,
+                    )
                     break
         final = greedy_return(algo.get_module(), args.env, episodes=10, seed=123_456)
         args.out.mkdir(parents=True, exist_ok=True)

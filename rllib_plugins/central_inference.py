@@ -295,35 +295,50 @@ class CentralInferenceRunnerMixin:
             self._versions_used.clear()
 
 
+AUTO = "auto"
+#: GPU share the server takes with ``num_gpus="auto"`` on a cluster that has a GPU: SEED's layout
+#: of the inference server and the learner sharing one accelerator.
+AUTO_SERVER_GPUS = 0.5
+
+
+def cluster_gpus() -> float:
+    """GPUs in the running Ray cluster (0 when Ray is not started)."""
+    return float(ray.cluster_resources().get("GPU", 0.0)) if ray.is_initialized() else 0.0
+
+
 class CentralInferenceSettingsMixin:
     """``.central_inference(...)`` for an AlgorithmConfig (fields ``central_inference_*``)."""
 
-    def _init_central_inference(self, *, enabled: bool) -> None:
+    def _init_central_inference(self, *, enabled: bool | str) -> None:
         self.central_inference_enabled = enabled
         self.central_inference_max_batch_size = 64
         self.central_inference_max_wait_ms = 2.0
         self.central_inference_num_cpus = 1.0
-        self.central_inference_num_gpus = 0.0
+        self.central_inference_num_gpus: float | str = AUTO
         self.central_inference_num_env_groups = 1
 
     def central_inference(
         self,
         *,
-        enabled: bool = NotProvided,
+        enabled: bool | str = NotProvided,
         max_batch_size: int = NotProvided,
         max_wait_ms: float = NotProvided,
         num_cpus: float = NotProvided,
-        num_gpus: float = NotProvided,
+        num_gpus: float | str = NotProvided,
         num_env_groups: int = NotProvided,
     ):
         """SEED mode: env runners send observations to one batching inference server.
 
         Args:
-            enabled: route the training env runners' forward passes to the server.
+            enabled: route the training env runners' forward passes to the server. ``"auto"``:
+                on where it pays, when the Ray cluster has a GPU for the server (and there are
+                remote env runners); on CPU only, a server round trip per env step costs more
+                than the runner's own forward pass, so runners infer locally.
             max_batch_size: observations per server forward pass (at most).
             max_wait_ms: how long the oldest queued request may wait for a fuller batch.
             num_cpus, num_gpus: the server actor's resources (its own placement-group bundle);
-                with ``num_gpus > 0`` the server's module runs on the GPU.
+                with ``num_gpus > 0`` the server's module runs on the GPU. ``num_gpus="auto"``
+                (default): 0.5 GPU when the cluster has one (shared with the learner), else 0.
             num_env_groups: split each runner's ``num_envs_per_env_runner`` envs into this many
                 groups that take turns, so that one group steps while another's request is at
                 the server (2 = Sample Factory's double-buffered sampling). Must divide
@@ -333,21 +348,34 @@ class CentralInferenceSettingsMixin:
         set_provided(self, values, {k: f"central_inference_{k}" for k in values})
         return self
 
+    def uses_central_inference(self) -> bool:
+        """Whether this run has an inference server (``enabled`` resolved on this cluster)."""
+        if self.central_inference_enabled == AUTO:
+            return self.num_env_runners >= 1 and cluster_gpus() > 0
+        return bool(self.central_inference_enabled)
+
+    def central_inference_gpus(self) -> float:
+        """The server's GPUs (``num_gpus`` resolved on this cluster)."""
+        if self.central_inference_num_gpus == AUTO:
+            return min(AUTO_SERVER_GPUS, cluster_gpus())
+        return float(self.central_inference_num_gpus)
+
     def validate_central_inference(self) -> None:
-        if not isinstance(self.central_inference_enabled, bool):
+        enabled = self.central_inference_enabled
+        if not (isinstance(enabled, bool) or enabled == AUTO):
             raise ValueError(
-                f"central_inference(enabled=...) must be a bool, got "
-                f"{self.central_inference_enabled!r}"
+                f"central_inference(enabled=...) must be True, False or 'auto', got {enabled!r}"
             )
         check_int("central_inference(max_batch_size)", self.central_inference_max_batch_size, 1)
         check_real("central_inference(max_wait_ms)", self.central_inference_max_wait_ms, low=0.0)
         check_real("central_inference(num_cpus)", self.central_inference_num_cpus, low=0.0)
-        check_real("central_inference(num_gpus)", self.central_inference_num_gpus, low=0.0)
+        if self.central_inference_num_gpus != AUTO:
+            check_real("central_inference(num_gpus)", self.central_inference_num_gpus, low=0.0)
         groups = self.central_inference_num_env_groups
         check_int("central_inference(num_env_groups)", groups, 1)
-        if self.central_inference_enabled and groups > 1:
+        if enabled is not False and groups > 1:
             self._validate_env_groups(groups)
-        if self.central_inference_enabled and self.num_env_runners < 1:
+        if enabled is True and self.num_env_runners < 1:
             raise ValueError(
                 "central_inference(enabled=True) needs num_env_runners >= 1 (the server answers "
                 "remote env runners); set env_runners(num_env_runners=...) or disable it"
@@ -381,8 +409,8 @@ class CentralInferenceSettingsMixin:
 
     def inference_server_bundle(self) -> dict[str, float]:
         bundle = {"CPU": float(self.central_inference_num_cpus)}
-        if self.central_inference_num_gpus > 0:
-            bundle["GPU"] = float(self.central_inference_num_gpus)
+        if self.central_inference_gpus() > 0:
+            bundle["GPU"] = self.central_inference_gpus()
         return bundle
 
 

@@ -34,6 +34,7 @@ from rl_dist_ext.ray_actors import start_parameter_server
 from rl_dist_ext.replay.distributed import DistributedReplay
 from rllib_plugins.central_inference import InferenceServerClient
 from rllib_plugins.gorila_config import GorilaDQNConfig
+from rllib_plugins.resources import check_cluster_fits
 
 log = logging.getLogger(__name__)
 
@@ -56,7 +57,7 @@ class GorilaDQN(DQN):
         base = super().default_resource_request(config)
         config = cls.get_default_config().update_from_dict(config)
         shard = {"CPU": config.replay_num_cpus_per_shard}
-        server = [config.inference_server_bundle()] if config.central_inference_enabled else []
+        server = [config.inference_server_bundle()] if config.uses_central_inference() else []
         return PlacementGroupFactory(
             bundles=[*base.bundles, *[shard] * config.replay_num_shards, *server],
             strategy=base.strategy,
@@ -65,7 +66,7 @@ class GorilaDQN(DQN):
     # ---- setup / teardown ---------------------------------------------------------------------
     def setup(self, config: GorilaDQNConfig) -> None:
         _check_env_spaces(config)
-        _check_cluster_fits(config)
+        check_cluster_fits(GorilaDQN, config, "GorilaDQN")
         self._replay: DistributedReplay | None = None
         self._param_server = None
         self._inference: InferenceServerClient | None = None
@@ -77,13 +78,13 @@ class GorilaDQN(DQN):
             if placement_group is not None:
                 server_bundle = len(placement_group.bundle_specs) - 1
                 first = server_bundle + 1 - config.replay_num_shards
-                first -= int(config.central_inference_enabled)
+                first -= int(config.uses_central_inference())
                 bundle_indices = tuple(range(first, first + config.replay_num_shards))
             self._param_server = start_parameter_server()
             self._replay = DistributedReplay(
                 config.replay_config(placement_group=placement_group, bundle_indices=bundle_indices)
             )
-            if config.central_inference_enabled:
+            if config.uses_central_inference():
                 self._inference = InferenceServerClient(
                     module_spec=config.get_rl_module_spec(
                         spaces=self.env_runner_group.get_spaces(), inference_only=True
@@ -91,7 +92,7 @@ class GorilaDQN(DQN):
                     kind="q",
                     server_config=config.inference_server_config(),
                     num_cpus=config.central_inference_num_cpus,
-                    num_gpus=config.central_inference_num_gpus,
+                    num_gpus=config.central_inference_gpus(),
                     placement_group=placement_group,
                     bundle_index=server_bundle,
                 )
@@ -282,27 +283,4 @@ def _check_env_spaces(config: GorilaDQNConfig) -> None:
         raise ValueError(
             f"GorilaDQN needs a Box observation space; env {config.env!r} has "
             f"{observation_space} (wrap it, e.g. with gymnasium.wrappers.FlattenObservation)"
-        )
-
-
-def _check_cluster_fits(config: GorilaDQNConfig) -> None:
-    """Refuse resource asks the running Ray cluster can never satisfy (instead of hanging)."""
-    if not ray.is_initialized() or ray.util.get_current_placement_group() is not None:
-        return
-    bundles = GorilaDQN.default_resource_request(config).bundles
-    wanted = sum(b.get("CPU", 0) for b in bundles)
-    available = ray.cluster_resources().get("CPU", 0.0)
-    if wanted > available:
-        raise ValueError(
-            f"GorilaDQN asks for {wanted:g} CPUs (main process, {config.num_env_runners} env "
-            f"runners x {config.num_cpus_per_env_runner}, {config.replay_num_shards} replay "
-            f"shards x {config.replay_num_cpus_per_shard}, learners) but the Ray cluster has "
-            f"{available:g}; lower num_cpus_per_env_runner / replay num_cpus_per_shard or the "
-            "counts"
-        )
-    wanted_gpus = sum(b.get("GPU", 0) for b in bundles)
-    if wanted_gpus > ray.cluster_resources().get("GPU", 0.0):
-        raise ValueError(
-            f"GorilaDQN asks for {wanted_gpus:g} GPUs but the Ray cluster has "
-            f"{ray.cluster_resources().get('GPU', 0.0):g}"
         )

@@ -24,15 +24,21 @@ class GorilaDQNConfig(CentralInferenceSettingsMixin, DQNConfig):
     On top of :class:`~ray.rllib.algorithms.dqn.DQNConfig` (``lr``, ``gamma``, ``n_step``,
     ``dueling``, ``double_q``, ``td_error_loss_fn``, ``train_batch_size_per_learner``, ...):
 
-    - ``.training(target_update_every_n_updates=500, weight_sync_every_n_steps=400,
-      updates_per_iteration=32, env_steps_per_request=64, publish_every_n_updates=8,
+    - ``.training(target_update_every_n_updates=250, weight_sync_every_n_steps=400,
+      updates_per_iteration=64, env_steps_per_request=128, publish_every_n_updates=8,
       epsilon_base=0.4, epsilon_alpha=7.0)``: the target network is hard-updated every C
       *gradient updates*; env runners pull newer weights every K of their env steps; the learner
       publishes weights every ``publish_every_n_updates`` updates; runner ``i`` of ``N`` explores
-      with Ape-X epsilon ``epsilon_base ** (1 + (i - 1) / (N - 1) * epsilon_alpha)``.
+      with Ape-X epsilon ``epsilon_base ** (1 + (i - 1) / (N - 1) * epsilon_alpha)``. DQN's
+      ``lr`` defaults to 1e-3 and ``train_batch_size_per_learner`` to 128 here.
     - ``.replay(num_shards=2, capacity=100_000, prioritized=True, alpha=0.6, beta=0.4,
-      samples_per_insert=None, ...)``: the distributed replay (see
-      :class:`rl_dist_ext.replay.distributed.DistributedReplayConfig`).
+      samples_per_insert=16, batches_per_request=4, ...)``: the distributed replay (see
+      :class:`rl_dist_ext.replay.distributed.DistributedReplayConfig`). ``samples_per_insert``
+      is the replay ratio (sampled rows per inserted row) that the rate limiter holds, by
+      making the runners or the learner wait; ``None`` lets both run free.
+    - ``num_cpus_per_env_runner`` defaults to 0.2 (Ray's logical CPUs): 4 runners, the 2
+      shards and the driver fit on a 2-core laptop. Runner connector states are not merged
+      after each iteration (RLlib's blocking merge would wait behind the runners' requests).
     - ``.central_inference(enabled=False, max_batch_size=64, max_wait_ms=2.0, num_cpus=1.0,
       num_gpus=0.0, num_env_groups=1)``: SEED mode. Runners send observations to one
       inference server that returns Q-values; each runner still applies its own epsilon and
@@ -42,9 +48,9 @@ class GorilaDQNConfig(CentralInferenceSettingsMixin, DQNConfig):
     Example::
 
         config = (GorilaDQNConfig().environment("CartPole-v1")
-                  .env_runners(num_env_runners=4)
-                  .training(lr=5e-4, n_step=3, target_update_every_n_updates=500)
-                  .replay(num_shards=2, capacity=100_000))
+                  .env_runners(num_env_runners=4, num_envs_per_env_runner=4)
+                  .training(lr=1e-3, n_step=3, target_update_every_n_updates=250)
+                  .replay(num_shards=2, capacity=100_000, samples_per_insert=16))
         algo = config.build_algo()
     """
 
@@ -53,11 +59,15 @@ class GorilaDQNConfig(CentralInferenceSettingsMixin, DQNConfig):
         from rllib_plugins.gorila_env_runner import GorilaEnvRunner
 
         super().__init__(algo_class=algo_class or GorilaDQN)
-        # RLlib settings with Gorila defaults.
+        # RLlib settings with Gorila defaults, chosen so that the defaults learn CartPole on a
+        # 2-core laptop and stay learned (benchmarks/results, README "Choosing the defaults").
         self.n_step = 3
-        self.lr = 5e-4
-        self.train_batch_size_per_learner = 64
+        self.lr = 1e-3
+        self.train_batch_size_per_learner = 128
         self.num_env_runners = 2
+        # Ray's logical CPUs per runner: 4 runners, 2 shards and the driver fit in 2 CPUs (a
+        # laptop). Runners step envs without pause; on a cluster, raise this to spread them.
+        self.num_cpus_per_env_runner = 0.2
         self.env_runner_cls = GorilaEnvRunner
         # A second request queued per runner keeps it acting while the driver is learning.
         self.max_requests_in_flight_per_env_runner = 2
@@ -73,10 +83,10 @@ class GorilaDQNConfig(CentralInferenceSettingsMixin, DQNConfig):
         self.replay_buffer_config = {"type": "EpisodeReplayBuffer", "no_local_replay_buffer": True}
         self._init_central_inference(enabled=False)
         # Gorila / Ape-X.
-        self.target_update_every_n_updates = 500
+        self.target_update_every_n_updates = 250
         self.weight_sync_every_n_steps = 400
-        self.updates_per_iteration = 32
-        self.env_steps_per_request = 64
+        self.updates_per_iteration = 64
+        self.env_steps_per_request = 128
         self.publish_every_n_updates = 8
         self.epsilon_base = 0.4
         self.epsilon_alpha = 7.0
@@ -87,11 +97,14 @@ class GorilaDQNConfig(CentralInferenceSettingsMixin, DQNConfig):
         self.replay_alpha = 0.6
         self.replay_beta = 0.4
         self.replay_eps = 1e-6
-        self.replay_samples_per_insert: float | None = None
+        # 16 sampled rows per inserted row, held by the replay's rate limiter. Left free
+        # (None), the ratio is whatever the machine gives (about 8 on 2 cores) and the greedy
+        # policy kept falling back after reaching 400-500.
+        self.replay_samples_per_insert: float | None = 16.0
         self.replay_error_buffer: float | None = None
         self.replay_min_size_to_sample = 1_000
         self.replay_prefetch = 2
-        self.replay_batches_per_request = 1
+        self.replay_batches_per_request = 4
         self.replay_num_cpus_per_shard = 0.1
         self.replay_snapshot_every_inserts: int | None = None
         self.replay_snapshot_dir: str | None = None

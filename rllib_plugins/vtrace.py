@@ -48,6 +48,7 @@ from rllib_plugins.central_inference import (
     CentralInferenceSettingsMixin,
     InferenceServerClient,
 )
+from rllib_plugins.resources import check_cluster_fits
 
 log = logging.getLogger(__name__)
 
@@ -80,7 +81,20 @@ class VTraceConfig(CentralInferenceSettingsMixin, IMPALAConfig):
         super().__init__(algo_class=algo_class or VTrace)
         self.vtrace_lambda = 1.0
         self.env_runner_cls = VTraceEnvRunner
-        self._init_central_inference(enabled=True)
+        # Defaults for a first run on a laptop (IMPALA's own are for a cluster):
+        # - central inference only where it pays: with a GPU in the cluster for the server. On
+        #   CPU a server round trip per env step costs more than the runner's own forward pass
+        #   (benchmarks/results/central_inference_bench.md), so runners infer locally.
+        self._init_central_inference(enabled="auto")
+        # - 8 envs per runner: RLlib's per-step overhead is paid once per vector step, so a
+        #   runner samples several times faster than with IMPALA's 1 (and a server request,
+        #   where there is one, carries 8 observations).
+        self.num_envs_per_env_runner = 8
+        # - 0.2 of Ray's logical CPUs per runner: 4 runners and the driver fit in 2 CPUs.
+        self.num_cpus_per_env_runner = 0.2
+        # - the learner in the driver (IMPALA's default of one learner actor never returned
+        #   from its first train() on a 2-core machine); use num_learners=1 for a GPU learner.
+        self.num_learners = 0
 
     def get_default_learner_class(self):
         from rllib_plugins.vtrace_learner import VTraceTorchLearner
@@ -116,7 +130,7 @@ class VTrace(IMPALA):
         """RLlib's bundles plus one for the inference server (when enabled)."""
         base = super().default_resource_request(config)
         config = cls.get_default_config().update_from_dict(config)
-        if not config.central_inference_enabled:
+        if not config.uses_central_inference():
             return base
         return PlacementGroupFactory(
             bundles=[*base.bundles, config.inference_server_bundle()], strategy=base.strategy
@@ -124,10 +138,11 @@ class VTrace(IMPALA):
 
     def setup(self, config: VTraceConfig) -> None:
         self._inference: InferenceServerClient | None = None
-        if config.central_inference_enabled:
+        if config.uses_central_inference():
             _check_discrete_actions(config)
+        check_cluster_fits(VTrace, config, "VTrace")
         super().setup(config)
-        if not config.central_inference_enabled:
+        if not config.uses_central_inference():
             return
         try:
             placement_group = ray.util.get_current_placement_group()
@@ -139,7 +154,7 @@ class VTrace(IMPALA):
                 kind="policy",
                 server_config=config.inference_server_config(),
                 num_cpus=config.central_inference_num_cpus,
-                num_gpus=config.central_inference_num_gpus,
+                num_gpus=config.central_inference_gpus(),
                 placement_group=placement_group,
                 bundle_index=bundle,
             )

@@ -179,6 +179,54 @@ def test_tianshou_gorila_vs_dqn_bench_writes_json_and_table(tmp_path):
     assert "| CartPole-v1 | 0 |" in (tmp_path / "tianshou_gorila_vs_dqn.md").read_text()
 
 
+def test_rllib_gorila_vs_dqn_bench_writes_json_and_table(tmp_path):
+    run_script(
+        "benchmarks/rllib_gorila_vs_dqn.py",
+        "--seeds",
+        "0",
+        "--envs",
+        "CartPole-v1",
+        "--runners",
+        "2",
+        "--dqn-layouts",
+        "driver-1env",
+        "--max-seconds",
+        "6",
+        "--eval-every-s",
+        "3",
+        "--out",
+        str(tmp_path),
+    )
+    result = json.loads((tmp_path / "rllib_gorila_vs_dqn.json").read_text())
+    assert set(result["runs"]["CartPole-v1"]) == {"GorilaDQN", "DQN:driver-1env"}
+    for (run,) in result["runs"]["CartPole-v1"].values():
+        assert run["env_steps"] > 0
+        assert (
+            run["seconds_to_target"] is None or run["seconds_to_target"] <= run["trained_seconds"]
+        )
+    assert result["summary"]["CartPole-v1"]["best_dqn"] == "DQN:driver-1env"
+    assert "| CartPole-v1 | 0 |" in (tmp_path / "rllib_gorila_vs_dqn.md").read_text()
+
+
+def test_gorila_adapters_env_steps_bench_writes_json_and_table(tmp_path):
+    run_script(
+        "benchmarks/gorila_adapters_env_steps.py",
+        "--seeds",
+        "0",
+        "--max-env-steps",
+        "2000",
+        "--out",
+        str(tmp_path),
+    )
+    result = json.loads((tmp_path / "gorila_adapters_env_steps.json").read_text())
+    for adapter in ("RLlib", "Tianshou"):
+        (run,) = result["runs"][adapter]
+        assert run["env_steps"] >= 2000
+        assert run["samples_per_insert"] > 0
+    assert result["summary"]["ratio"] > 0
+    assert "| 0 |" in (tmp_path / "gorila_adapters_env_steps.md").read_text()
+
+
 def test_rllib_seed_vtrace_example_trains_and_writes_checkpoint_and_curve(tmp_path):
     out = run_script(
         "examples/rllib_seed_vtrace_cartpole.py",

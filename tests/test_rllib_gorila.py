@@ -92,11 +92,11 @@ def test_bad_config_values_raise_on_validate(change, match):
 
 
 def test_replay_settings_reach_the_replay_config():
-    config = small_config().replay(batches_per_request=4, prefetch=3, num_shards=3)
+    config = small_config().replay(batches_per_request=2, prefetch=3, num_shards=3)
     replay = config.replay_config()
-    assert (replay.batches_per_request, replay.prefetch, replay.num_shards) == (4, 3, 3)
-    # a later call changes only what it names
-    assert small_config().replay(prefetch=5).replay_config().batches_per_request == 1
+    assert (replay.batches_per_request, replay.prefetch, replay.num_shards) == (2, 3, 3)
+    # a later call changes only what it names (the default: 4 batches per round trip)
+    assert small_config().replay(prefetch=5).replay_config().batches_per_request == 4
 
 
 @pytest.mark.parametrize(

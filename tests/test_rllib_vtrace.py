@@ -360,6 +360,28 @@ def actors_left_since(before: dict[str, str], timeout_s: float = 60.0) -> list[s
         time.sleep(0.5)
 
 
+def test_central_inference_auto_turns_on_only_with_a_gpu_for_the_server(monkeypatch):
+    from rllib_plugins import VTraceConfig, central_inference
+
+    config = VTraceConfig().environment("CartPole-v1").env_runners(num_env_runners=2)
+    assert config.central_inference_enabled == "auto"
+    monkeypatch.setattr(central_inference, "cluster_gpus", lambda: 0.0)
+    assert not config.uses_central_inference()  # CPU only: the runners infer locally
+    assert config.central_inference_gpus() == 0.0
+    monkeypatch.setattr(central_inference, "cluster_gpus", lambda: 1.0)
+    assert config.uses_central_inference()
+    assert config.central_inference_gpus() == 0.5  # shares the GPU with the learner
+    assert config.inference_server_bundle() == {"CPU": 1.0, "GPU": 0.5}
+    no_remote_runners = config.copy(copy_frozen=False).env_runners(num_env_runners=0)
+    assert not no_remote_runners.uses_central_inference()
+    assert (
+        not config.copy(copy_frozen=False).central_inference(enabled=False).uses_central_inference()
+    )
+    pinned = config.copy(copy_frozen=False).central_inference(num_gpus=0)
+    assert pinned.central_inference_gpus() == 0.0
+    assert pinned.inference_server_bundle() == {"CPU": 1.0}
+
+
 def test_registered_with_tune_and_rllib():
     from ray.rllib.algorithms import registry
     from ray.rllib.algorithms.algorithm_config import AlgorithmConfig
@@ -373,7 +395,7 @@ def test_registered_with_tune_and_rllib():
     assert get_trainable_cls(config.algo_class) is rllib_plugins.VTrace
     default = rllib_plugins.VTrace.get_default_config()
     assert isinstance(default, rllib_plugins.VTraceConfig)
-    assert default.central_inference_enabled is True  # SEED mode is the default
+    assert default.central_inference_enabled == "auto"  # SEED mode where a GPU serves it
     assert default.get_default_learner_class() is rllib_plugins.VTraceTorchLearner
 
 
