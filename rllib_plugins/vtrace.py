@@ -5,14 +5,17 @@
 - the learner is :class:`~rllib_plugins.vtrace_learner.VTraceTorchLearner`
   (``rl_dist_ext.ops.vtrace``; ``.training(vtrace_clip_rho_threshold=...,
   vtrace_clip_pg_rho_threshold=..., vtrace_lambda=...)``; a threshold of ``None`` = no clip);
-- ``.central_inference(enabled=True, max_batch_size=..., max_wait_ms=..., num_cpus=...,
-  num_gpus=..., num_env_groups=1)`` (default: enabled): SEED mode. Env runners only step envs; one
+- ``.central_inference(enabled=..., max_batch_size=..., max_wait_ms=..., num_cpus=...,
+  num_gpus=..., num_env_groups=1)``: SEED mode. Env runners only step envs; one
   :class:`~rl_dist_ext.inference.InferenceServer` (its own bundle in the algorithm's placement
-  group; on a GPU when ``num_gpus > 0``) batches their observations, samples the actions and
-  returns their log-probs. The learner's weights go to the server after every training step and
-  never to the runners. With ``enabled=False`` runners infer locally (IMPALA mode). With
+  group; on a GPU when it has one) batches their observations, samples the actions and returns
+  their log-probs. The learner's weights go to the server after every training step and never
+  to the runners. ``enabled="auto"`` (default): on when the Ray cluster has a GPU for the server,
+  else runners infer locally (IMPALA mode, as with ``enabled=False``). With
   ``num_env_groups=2`` each runner's envs form two groups that take turns: one steps while the
   other's request is at the server.
+- laptop defaults (see ``VTraceConfig.__init__``): learner in the driver, 8 envs and 0.2 Ray
+  CPUs per runner.
 
 Metrics in ``train()`` results under ``"central_inference"``: server requests/s, mean batch size
 and fill, queueing latency p50/p99, weights version and policy lag (server version minus the

@@ -691,12 +691,18 @@ class DistributedReplay:
 
     # ---- checkpoints --------------------------------------------------------------------------
     def save(self, path: str) -> None:
-        """Write every shard (rows, priorities, keys, counters) under ``path`` (dir or URI)."""
+        """Write every shard (rows, priorities, keys, counters) under ``path`` (dir or URI).
+
+        Each shard is written as it is when the request reaches it; actors may go on inserting
+        meanwhile. The manifest records the config and each shard's saved size and insert count.
+        """
         self.flush()
-        self._on_every_shard(
+        statuses = self._on_every_shard(
             "save", lambda i, h: h.save.remote(snapshot.join(path, f"shard_{i}.pkl"))
         )
         manifest = {k: v for k, v in asdict(self._config).items() if k != "placement_group"}
+        manifest["size_per_shard"] = [status.size for status in statuses]
+        manifest["num_inserted_per_shard"] = [status.num_inserted for status in statuses]
         snapshot.write_text(snapshot.join(path, "manifest.json"), json.dumps(manifest, indent=2))
 
     def restore(self, path: str) -> None:
