@@ -186,8 +186,8 @@ def test_rllib_gorila_vs_dqn_bench_writes_json_and_table(tmp_path):
         "0",
         "--envs",
         "CartPole-v1",
-        "--runners",
-        "2",
+        "--gorila-layouts",
+        "2x4",
         "--dqn-layouts",
         "driver-1env",
         "--max-seconds",
@@ -198,13 +198,14 @@ def test_rllib_gorila_vs_dqn_bench_writes_json_and_table(tmp_path):
         str(tmp_path),
     )
     result = json.loads((tmp_path / "rllib_gorila_vs_dqn.json").read_text())
-    assert set(result["runs"]["CartPole-v1"]) == {"GorilaDQN", "DQN:driver-1env"}
+    assert set(result["runs"]["CartPole-v1"]) == {"GorilaDQN:2x4", "DQN:driver-1env"}
     for (run,) in result["runs"]["CartPole-v1"].values():
         assert run["env_steps"] > 0
         assert (
             run["seconds_to_target"] is None or run["seconds_to_target"] <= run["trained_seconds"]
         )
-    assert result["summary"]["CartPole-v1"]["best_dqn"] == "DQN:driver-1env"
+    summary = result["summary"]["CartPole-v1"]
+    assert (summary["best_gorila"], summary["best_dqn"]) == ("GorilaDQN:2x4", "DQN:driver-1env")
     assert "| CartPole-v1 | 0 |" in (tmp_path / "rllib_gorila_vs_dqn.md").read_text()
 
 

@@ -717,26 +717,22 @@ class DistributedReplay:
                     f"checkpoint at {path!r} has {name}={manifest[name]!r}, this replay has "
                     f"{name}={getattr(self._config, name)!r}"
                 )
-        self.flush()
-        self._samples.clear()
-        self._ready.clear()
-        self._status_requests.clear()
-        statuses = self._on_every_shard(
+        self._replace_contents(
             "restore", lambda i, h: h.restore.remote(snapshot.join(path, f"shard_{i}.pkl"))
         )
-        for shard, status in enumerate(statuses):
-            self._views[shard] = _ShardView()
-            self._observe(shard, status)
 
     def clear(self) -> None:
         """Drop every row in every shard; keys sampled before are stale from now on."""
+        self._replace_contents("clear", lambda i, h: h.clear.remote())
+
+    def _replace_contents(self, what: str, call: Callable[[int, Any], Any]) -> None:
+        """Run ``what`` on every shard after flushing adds and dropping prefetched samples and
+        status requests (they describe the old contents); the shards' replies are the new view."""
         self.flush()
         self._samples.clear()
         self._ready.clear()
         self._status_requests.clear()
-        for shard, status in enumerate(
-            self._on_every_shard("clear", lambda i, h: h.clear.remote())
-        ):
+        for shard, status in enumerate(self._on_every_shard(what, call)):
             self._views[shard] = _ShardView()
             self._observe(shard, status)
 
