@@ -18,9 +18,14 @@ training and are not counted in the clock. Every run gets a fresh
   cartpole_impala.py``: lr 5e-4, batch 500, grad clip 40, vf_loss_coeff 0.05, entropy 0,
   shared value layers).
 
-Writes ``benchmarks/results/rllib_vtrace_vs_appo.{json,md}``::
+APPO's and IMPALA's layouts on this machine were raced with ``--algos appo impala --runners R
+--envs-per-runner E --name rllib_appo_impala_RxE`` (4 x 4, 2 x 8, 1 x 16); the whole race runs in
+4 x 4 (``rllib_vtrace_vs_appo``) and 1 x 16 (``rllib_vtrace_vs_appo_1x16``).
 
-    .venv/bin/python benchmarks/rllib_vtrace_vs_appo.py [--seeds 0 1 2] [--max-seconds 300]
+Writes ``benchmarks/results/<--name>.{json,md}``::
+
+    .venv/bin/python benchmarks/rllib_vtrace_vs_appo.py [--seeds 0 1 2] [--max-seconds 300] \
+        [--runners 4 --envs-per-runner 4] [--name rllib_vtrace_vs_appo]
 """
 
 from __future__ import annotations
@@ -211,6 +216,7 @@ def main() -> None:
     parser.add_argument("--envs-per-runner", type=int, default=4)
     parser.add_argument("--max-seconds", type=float, default=300.0)
     parser.add_argument("--eval-every-s", type=float, default=5.0)
+    parser.add_argument("--name", default="rllib_vtrace_vs_appo", help="results file name")
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args()
     torch.set_num_threads(1)
@@ -224,7 +230,7 @@ def main() -> None:
 
     summary = {env: summarize(by_algo, args.max_seconds) for env, by_algo in runs.items()}
     result = {
-        "benchmark": "rllib_vtrace_vs_appo",
+        "benchmark": args.name,
         "date": time.strftime("%Y-%m-%d %H:%M:%S"),
         "machine": {
             "cpus": os.cpu_count(),
@@ -238,7 +244,7 @@ def main() -> None:
         "targets": {"ratio": 0.5},
     }
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "rllib_vtrace_vs_appo.json").write_text(json.dumps(result, indent=2) + "\n")
+    (args.out / f"{args.name}.json").write_text(json.dumps(result, indent=2) + "\n")
 
     names = [ALGOS[name] for name in args.algos]
     lines = [
@@ -278,7 +284,7 @@ def main() -> None:
         "faster VTrace mode with the faster of APPO and IMPALA; when one side's median is 'not "
         "reached', it is bounded using the cap.",
     ]
-    (args.out / "rllib_vtrace_vs_appo.md").write_text("\n".join(lines) + "\n")
+    (args.out / f"{args.name}.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 
 
