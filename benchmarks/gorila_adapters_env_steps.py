@@ -31,9 +31,8 @@ import time
 from pathlib import Path
 from types import SimpleNamespace
 
-import ray
 import torch
-from race import TARGET
+from race import TARGET, race_each_in_fresh_ray
 
 RESULTS = Path(__file__).parent / "results"
 TEST_EVERY = 5_000
@@ -120,7 +119,13 @@ def rllib_run(seed: int, max_env_steps: int) -> dict:
 
 def tianshou_run(seed: int, max_env_steps: int) -> dict:
     from tianshou.algorithm.optim import AdamOptimizerFactory
-    from tianshou_gorila_vs_dqn import RunClock, make_policy, test_collector, train_until_target
+    from tianshou_gorila_vs_dqn import (
+        RunClock,
+        cartpole,
+        make_policy,
+        test_collector,
+        train_until_target,
+    )
 
     from tianshou_plugins import DistributedPrioritizedReplayBuffer, GorilaCollector, GorilaDQN
 
@@ -146,7 +151,7 @@ def tianshou_run(seed: int, max_env_steps: int) -> dict:
         )
         collector = GorilaCollector(
             algorithm,
-            env_factory=_cartpole,
+            env_factory=cartpole,
             buffer=buffer,
             num_actors=s["actors"],
             envs_per_actor=s["envs_per_actor"],
@@ -189,12 +194,6 @@ def tianshou_run(seed: int, max_env_steps: int) -> dict:
     }
 
 
-def _cartpole():
-    import gymnasium as gym
-
-    return gym.make("CartPole-v1")
-
-
 def median_steps(runs: list[dict], cap: int) -> float:
     """Median env steps to the target, counting a run that missed it as the cap."""
     return statistics.median(r["env_steps_to_target"] or cap for r in runs)
@@ -208,17 +207,13 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(1)
 
-    runs: dict[str, list[dict]] = {"RLlib": [], "Tianshou": []}
-    for seed in args.seeds:
-        for name, run_one in (("RLlib", rllib_run), ("Tianshou", tianshou_run)):
-            ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
-            try:
-                run = run_one(seed, args.max_env_steps)
-            finally:
-                ray.shutdown()
-            run["seed"] = seed
-            runs[name].append(run)
-            print(f"{name:8s} seed {seed}: {run}", flush=True)
+    adapters = {"RLlib": rllib_run, "Tianshou": tianshou_run}
+    runs = race_each_in_fresh_ray(
+        ["CartPole-v1"],
+        args.seeds,
+        list(adapters),
+        lambda name, _env, seed: adapters[name](seed, args.max_env_steps),
+    )["CartPole-v1"]
 
     rllib = median_steps(runs["RLlib"], args.max_env_steps)
     tianshou = median_steps(runs["Tianshou"], args.max_env_steps)

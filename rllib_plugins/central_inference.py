@@ -409,8 +409,9 @@ class CentralInferenceSettingsMixin:
 
     def inference_server_bundle(self) -> dict[str, float]:
         bundle = {"CPU": float(self.central_inference_num_cpus)}
-        if self.central_inference_gpus() > 0:
-            bundle["GPU"] = self.central_inference_gpus()
+        gpus = self.central_inference_gpus()
+        if gpus > 0:
+            bundle["GPU"] = gpus
         return bundle
 
 

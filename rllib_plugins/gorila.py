@@ -66,7 +66,7 @@ class GorilaDQN(DQN):
     # ---- setup / teardown ---------------------------------------------------------------------
     def setup(self, config: GorilaDQNConfig) -> None:
         _check_env_spaces(config)
-        check_cluster_fits(GorilaDQN, config, "GorilaDQN")
+        check_cluster_fits(GorilaDQN, config)
         self._replay: DistributedReplay | None = None
         self._param_server = None
         self._inference: InferenceServerClient | None = None

@@ -9,7 +9,7 @@ from __future__ import annotations
 import ray
 
 
-def check_cluster_fits(algo_cls: type, config, name: str) -> None:
+def check_cluster_fits(algo_cls: type, config) -> None:
     """Raise ``ValueError`` if ``algo_cls.default_resource_request(config)`` cannot fit.
 
     Outside a placement group (``config.build_algo()``) the driver runs in the calling process
@@ -25,9 +25,9 @@ def check_cluster_fits(algo_cls: type, config, name: str) -> None:
         have = float(cluster.get(resource, 0.0))
         if wanted > have + 1e-9:
             raise ValueError(
-                f"{name} asks for {wanted:g} {resource}s for its actors ({config.num_env_runners} "
-                f"env runners x {config.num_cpus_per_env_runner} CPUs, learner actors, replay "
-                f"shards, inference server) but the Ray cluster has {have:g}; lower the counts "
-                "or the per-actor asks (num_cpus_per_env_runner, replay num_cpus_per_shard, "
-                "central_inference num_cpus / num_gpus)"
+                f"{algo_cls.__name__} asks for {wanted:g} {resource}s for its actors "
+                f"({config.num_env_runners} env runners x {config.num_cpus_per_env_runner} "
+                "CPUs, learner actors, replay shards, inference server) but the Ray cluster "
+                f"has {have:g}; lower the counts or the per-actor asks (num_cpus_per_env_runner, "
+                "replay num_cpus_per_shard, central_inference num_cpus / num_gpus)"
             )

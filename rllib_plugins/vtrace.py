@@ -143,7 +143,7 @@ class VTrace(IMPALA):
         self._inference: InferenceServerClient | None = None
         if config.uses_central_inference():
             _check_discrete_actions(config)
-        check_cluster_fits(VTrace, config, "VTrace")
+        check_cluster_fits(VTrace, config)
         super().setup(config)
         if not config.uses_central_inference():
             return

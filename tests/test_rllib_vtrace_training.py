@@ -36,21 +36,33 @@ def greedy(algorithm) -> float:
     return greedy_return(algorithm.get_module(), "CartPole-v1", episodes=5, seed=1000)
 
 
+def train_until_threshold(
+    algorithm, budget_env_steps: int, eval_every_env_steps: int = 0
+) -> tuple[list[tuple[int, float]], dict]:
+    """Check that the untrained greedy policy is below THRESHOLD, then train until a greedy
+    check (after every iteration, or every ``eval_every_env_steps``) reaches it or the budget
+    is spent; return the checks as (env steps, return) and the last ``train()`` result."""
+    untrained = greedy(algorithm)
+    assert untrained < THRESHOLD, f"the untrained policy already passes: {untrained}"
+    scores: list[tuple[int, float]] = []
+    steps, next_eval = 0, eval_every_env_steps
+    while steps < budget_env_steps:
+        result = algorithm.train()
+        steps = env_steps(result)
+        if steps >= next_eval:
+            next_eval += eval_every_env_steps
+            scores.append((steps, greedy(algorithm)))
+            if scores[-1][1] >= THRESHOLD:
+                break
+    return scores, result
+
+
 @pytest.mark.parametrize("central", [True, False], ids=["seed", "local"])
 def test_vtrace_learns_cartpole_within_env_step_budget(ray_session, central):
     """Greedy return >= 150 within 150k env steps, checked after every iteration."""
     algorithm = small_config(central=central).build_algo()
-    scores = []
     try:
-        untrained = greedy(algorithm)
-        assert untrained < THRESHOLD, f"the untrained policy already passes: {untrained}"
-        steps = 0
-        while steps < VTRACE_BUDGET_ENV_STEPS:
-            result = algorithm.train()
-            steps = env_steps(result)
-            scores.append((steps, greedy(algorithm)))
-            if scores[-1][1] >= THRESHOLD:
-                break
+        scores, result = train_until_threshold(algorithm, VTRACE_BUDGET_ENV_STEPS)
         if central:
             assert result["central_inference"]["version"] > 1  # the server got learned weights
         else:
@@ -73,19 +85,11 @@ def test_vtrace_defaults_learn_cartpole_on_a_laptop(ray_session):
 
     config = VTraceConfig().environment("CartPole-v1").env_runners(num_env_runners=2)
     algorithm = config.debugging(seed=0).build_algo()
-    scores = []
     try:
         assert algorithm._inference is None  # no GPU here: the runners infer locally
-        untrained = greedy(algorithm)
-        assert untrained < THRESHOLD, f"the untrained policy already passes: {untrained}"
-        steps, next_eval = 0, DEFAULTS_EVAL_EVERY_ENV_STEPS
-        while steps < DEFAULTS_BUDGET_ENV_STEPS:
-            steps = env_steps(algorithm.train())
-            if steps >= next_eval:
-                next_eval += DEFAULTS_EVAL_EVERY_ENV_STEPS
-                scores.append((steps, greedy(algorithm)))
-                if scores[-1][1] >= THRESHOLD:
-                    break
+        scores, _ = train_until_threshold(
+            algorithm, DEFAULTS_BUDGET_ENV_STEPS, DEFAULTS_EVAL_EVERY_ENV_STEPS
+        )
     finally:
         algorithm.stop()
     assert max(score for _, score in scores) >= THRESHOLD, f"greedy returns by env steps: {scores}"
@@ -99,19 +103,10 @@ def test_gorila_dqn_in_seed_mode_learns_cartpole_within_env_step_budget(ray_sess
         enabled=True, num_cpus=0.2, num_env_groups=2
     )
     algorithm = config.build_algo()
-    scores = []
     try:
-        untrained = greedy(algorithm)
-        assert untrained < THRESHOLD, f"the untrained policy already passes: {untrained}"
-        steps, next_eval = 0, GORILA_EVAL_EVERY_ENV_STEPS
-        while steps < GORILA_BUDGET_ENV_STEPS:
-            result = algorithm.train()
-            steps = env_steps(result)
-            if steps >= next_eval:
-                next_eval += GORILA_EVAL_EVERY_ENV_STEPS
-                scores.append((steps, greedy(algorithm)))
-                if scores[-1][1] >= THRESHOLD:
-                    break
+        scores, result = train_until_threshold(
+            algorithm, GORILA_BUDGET_ENV_STEPS, GORILA_EVAL_EVERY_ENV_STEPS
+        )
         # Per runner: its own caller id (priorities' Q-values) and one per env group.
         assert result["central_inference"]["num_callers"] == 2 * 3
         assert result["central_inference"]["version"] > 0
