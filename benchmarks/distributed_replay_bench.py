@@ -28,7 +28,7 @@ import ray
 import torch
 from torch import nn
 
-from rl_dist_ext.ops.priorities import double_dqn_loss
+from rl_dist_ext.ops.dqn import double_dqn_loss
 from rl_dist_ext.replay import PrioritizedReplay
 from rl_dist_ext.replay.distributed import DistributedReplay, DistributedReplayConfig
 

@@ -1,12 +1,11 @@
 """Ape-X-style double DQN on CartPole-v1 in one process, from rl-dist-ext's core pieces only.
 
-No Ray and no framework: this example shows the pieces the adapters are built from, in one
-process: a vector of environments where env ``i`` explores with its own Ape-X epsilon
-(``rl_dist_ext.exploration.apex_epsilons``), rollouts folded into n-step transitions
-and initial priorities computed by the acting side (``rl_dist_ext.gorila``),
-the prioritized replay shard (``rl_dist_ext.replay.PrioritizedReplay``) and the shared
-importance-weighted double-DQN loss (``rl_dist_ext.ops.priorities``). The target network is
-hard-updated every C gradient updates.
+No Ray and no framework: this example runs the same Gorila steps the RLlib and Tianshou adapters
+run, in one process: the actor step (``rl_dist_ext.gorila.ActorStep``: act with a vector of
+environments where env ``i`` explores with its own Ape-X epsilon, fold n-step transitions,
+initial priorities, push), the prioritized replay shard (``rl_dist_ext.replay.PrioritizedReplay``)
+and the learner step (``rl_dist_ext.gorila.GorilaLearner``: sample, the importance-weighted
+double-DQN loss of ``rl_dist_ext.ops.dqn``, priorities back, target every C gradient updates).
 
 It logs progress, prints the final greedy evaluation return, and writes a checkpoint (network,
 optimizer and the replay's contents) and a learning-curve PNG under ``runs/core_apex_dqn/``.
@@ -28,8 +27,8 @@ import torch
 from torch import nn
 
 from rl_dist_ext.exploration import apex_epsilons
-from rl_dist_ext.gorila import nstep_batch_with_priorities
-from rl_dist_ext.ops.priorities import double_dqn_loss
+from rl_dist_ext.gorila import ActorStep, GorilaLearner, Rollout
+from rl_dist_ext.ops.dqn import double_dqn_loss
 from rl_dist_ext.replay import PrioritizedReplay
 
 log = logging.getLogger("demo")
@@ -157,36 +156,45 @@ def main() -> None:
     epsilons = apex_epsilons(args.num_envs)
     log.info("per-env Ape-X epsilons: %s", np.array2string(epsilons, precision=4))
 
-    obs, _ = envs.reset(seed=args.seed)
-    env_steps = updates = 0
-    curve: list[tuple[int, float]] = []
+    actor = ActorStep(replay=replay, gamma=args.gamma, n_step=args.n_step, name="core example")
+    learner = GorilaLearner(
+        replay=replay,
+        batch_size=args.batch_size,
+        prioritized=True,
+        target_update_every=args.target_every,
+        publish_every=1,  # one process: the actor acts with the online network itself
+        sync_target=lambda: target.load_state_dict(online.state_dict()),
+        export_weights=online.state_dict,
+    )
     recent: list[float] = []
+    obs = envs.reset(seed=args.seed)[0]
+
+    def act() -> Rollout:
+        nonlocal obs
+        obs, columns, finished = collect_rollout(envs, obs, online, epsilons, args.rollout, rng)
+        recent.extend(finished)
+        del recent[:-20]
+        return Rollout(columns)
+
+    def gradient_step(sample) -> torch.Tensor:
+        batch = {k: torch.as_tensor(v) for k, v in sample.batch.items()}
+        loss = dqn_loss(online, target, batch, torch.as_tensor(sample.weights))
+        optimizer.zero_grad()
+        loss.loss.backward()
+        nn.utils.clip_grad_norm_(online.parameters(), 10.0)
+        optimizer.step()
+        learner.after_gradient_step()
+        return loss.td_error
+
+    curve: list[tuple[int, float]] = []
     start = time.perf_counter()
     next_eval = args.eval_every
-    while env_steps < args.env_steps:
-        obs, rollout, finished = collect_rollout(envs, obs, online, epsilons, args.rollout, rng)
-        env_steps += args.rollout * args.num_envs
-        recent = (recent + finished)[-20:]
-        # Ape-X: the acting side folds n-step transitions and computes initial priorities.
-        actor_batch = nstep_batch_with_priorities(
-            **rollout, gamma=args.gamma, n_step=args.n_step, q_values=online
-        )
-        replay.add(actor_batch.transitions, priorities=actor_batch.priorities)
-
+    while actor.env_steps < args.env_steps:
+        actor.run(act=act, q_values=online, load_weights=online.load_state_dict)
+        env_steps = actor.env_steps
         if len(replay) >= args.learning_starts:
-            for _ in range(args.updates_per_rollout):
-                beta = 0.4 + 0.6 * min(1.0, env_steps / args.env_steps)
-                sample = replay.sample(args.batch_size, beta=beta)
-                batch = {k: torch.as_tensor(v) for k, v in sample.batch.items()}
-                loss = dqn_loss(online, target, batch, torch.as_tensor(sample.weights))
-                optimizer.zero_grad()
-                loss.loss.backward()
-                nn.utils.clip_grad_norm_(online.parameters(), 10.0)
-                optimizer.step()
-                replay.update_priorities(sample.keys, loss.td_error.abs().numpy())
-                updates += 1
-                if updates % args.target_every == 0:
-                    target.load_state_dict(online.state_dict())
+            beta = 0.4 + 0.6 * min(1.0, env_steps / args.env_steps)
+            learner.update(args.updates_per_rollout, beta=beta, gradient_step=gradient_step)
 
         if env_steps >= next_eval or env_steps >= args.env_steps:
             next_eval += args.eval_every
@@ -196,7 +204,7 @@ def main() -> None:
                 "env steps %6d | updates %5d | %5.0f steps/s | replay %6d | "
                 "train return (last 20) %6.1f | greedy eval %6.1f",
                 env_steps,
-                updates,
+                learner.num_gradient_updates,
                 env_steps / (time.perf_counter() - start),
                 len(replay),
                 np.mean(recent) if recent else float("nan"),
@@ -212,8 +220,8 @@ def main() -> None:
             "target": target.state_dict(),
             "optimizer": optimizer.state_dict(),
             "replay": replay.state_dict(),
-            "env_steps": env_steps,
-            "updates": updates,
+            "env_steps": actor.env_steps,
+            "learner": learner.state_dict(),
         },
         args.out / "checkpoint.pt",
     )

@@ -1,13 +1,24 @@
 """Versioned weights between one learner and many actors (Gorila's parameter server, pull-based).
 
-The learner ``publish``-es a weights object with a version that only ever increases; actors call
+**One version unit.** A weights version counts the learner's gradient updates: the weights after
+the k-th gradient update are version k (:class:`WeightsVersion`). Loading a checkpoint moves the
+version one past the newest it or the learner had, so restored (even older) weights still reach
+actors and servers, which only take versions newer than theirs. **One policy lag**:
+:func:`policy_lag`, the learner's version minus the version of the weights that acted, in
+gradient updates. Every algorithm (GorilaDQN, V-trace; RLlib and Tianshou) reports these.
+
+The learner ``publish``-es weights with their version; actors call
 ``pull_if_newer(their_version)`` every K steps and get ``None`` (nothing to copy) or the newer
-``(weights, version)``. A plain class; ``rl_dist_ext.ray_actors`` makes it a Ray actor.
+``(weights, version)``. :class:`ParameterServer` is a plain class; ``rl_dist_ext.ray_actors``
+makes it a Ray actor and gives the handle the same two methods
+(:class:`~rl_dist_ext.ray_actors.ParameterServerClient`).
 """
 
 from __future__ import annotations
 
+import math
 import time
+from collections.abc import Iterable, Mapping
 from typing import Any, NamedTuple
 
 from rl_dist_ext.validation import check_int
@@ -16,6 +27,47 @@ from rl_dist_ext.validation import check_int
 class VersionedWeights(NamedTuple):
     weights: Any
     version: int
+
+
+class WeightsVersion:
+    """The learner's clock: gradient updates done and the version of its current weights."""
+
+    def __init__(self) -> None:
+        self.num_gradient_updates = 0
+        self.version = 0
+
+    def advance(self) -> int:
+        """Count one gradient update; returns the new version."""
+        self.num_gradient_updates += 1
+        self.version += 1
+        return self.version
+
+    def state_dict(self) -> dict[str, int]:
+        return {"num_gradient_updates": self.num_gradient_updates, "version": self.version}
+
+    def load_state_dict(self, state: Mapping[str, int]) -> None:
+        """Take the saved update count; the version moves past both the saved and the own one."""
+        self.num_gradient_updates = check_int(
+            "num_gradient_updates", state["num_gradient_updates"], 0
+        )
+        self.version = max(self.version, check_int("version", state["version"], 0)) + 1
+
+
+class PolicyLag(NamedTuple):
+    mean: float  # gradient updates; nan when no actor has acted with known weights yet
+    max: float
+
+
+def policy_lag(learner_version: int, acting_versions: Iterable[float]) -> PolicyLag:
+    """The learner's weights version minus the versions that acted, in gradient updates.
+
+    ``acting_versions`` may be means over one rollout (a SEED actor's replies can come from
+    several versions); negative ones (initial weights, nothing pulled yet) are left out.
+    """
+    lags = [learner_version - float(v) for v in acting_versions if v >= 0]
+    if not lags:
+        return PolicyLag(math.nan, math.nan)
+    return PolicyLag(sum(lags) / len(lags), max(lags))
 
 
 class ParameterServer:

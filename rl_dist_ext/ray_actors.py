@@ -1,4 +1,9 @@
-"""The one place where ``ray.remote`` is applied to rl-dist-ext's plain classes."""
+"""The one place where ``ray.remote`` is applied to rl-dist-ext's plain classes.
+
+Besides the actor starters: :class:`ParameterServerClient` (a parameter server handle with the
+plain class's methods, for the Gorila steps) and :func:`check_resources_fit` (refuse asks the
+cluster can never place, before anything starts).
+"""
 
 from __future__ import annotations
 
@@ -8,7 +13,7 @@ from typing import Any
 import ray
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-from rl_dist_ext.params import ParameterServer
+from rl_dist_ext.params import ParameterServer, VersionedWeights
 from rl_dist_ext.replay.shard import ReplayShardServer, ShardSpec
 
 
@@ -55,11 +60,52 @@ RemoteParameterServer = ray.remote(max_restarts=-1, max_task_retries=0)(Paramete
 
 def start_parameter_server(
     *, num_cpus: float = 0.0, placement_group: Any = None, bundle_index: int = -1
-) -> ray.actor.ActorHandle:
+) -> ParameterServerClient:
     """Start the parameter server actor (it only stores references: no CPU by default)."""
-    return RemoteParameterServer.options(
-        **_placement(num_cpus, placement_group, bundle_index)
-    ).remote()
+    return ParameterServerClient(
+        RemoteParameterServer.options(
+            **_placement(num_cpus, placement_group, bundle_index)
+        ).remote()
+    )
+
+
+class ParameterServerClient:
+    """A parameter server actor behind :class:`~rl_dist_ext.params.ParameterServer`'s interface.
+
+    What the Gorila actor and learner steps (``rl_dist_ext.gorila``) talk to; picklable, so it
+    travels to env runners and learner actors. ``publish`` waits for the server's answer (a
+    version the server refuses raises here, on the learner).
+    """
+
+    def __init__(self, handle: ray.actor.ActorHandle, *, timeout_s: float = 120.0) -> None:
+        self.handle = handle
+        self._timeout_s = timeout_s
+
+    def publish(self, weights: Any, version: int) -> int:
+        return ray.get(self.handle.publish.remote(weights, version), timeout=self._timeout_s)
+
+    def pull_if_newer(self, version: int) -> VersionedWeights | None:
+        return ray.get(self.handle.pull_if_newer.remote(version), timeout=self._timeout_s)
+
+    def close(self) -> None:
+        ray.kill(self.handle, no_restart=True)
+
+
+def check_resources_fit(owner: str, asks: dict[str, float], *, how_to_lower: str) -> None:
+    """Raise ``ValueError`` if the running cluster can never hold ``asks`` (resource -> amount).
+
+    Inside a placement group (Tune) Ray has already checked the ask, so nothing is checked.
+    """
+    if not ray.is_initialized() or ray.util.get_current_placement_group() is not None:
+        return
+    cluster = ray.cluster_resources()
+    for resource, wanted in asks.items():
+        have = float(cluster.get(resource, 0.0))
+        if wanted > have + 1e-9:
+            raise ValueError(
+                f"{owner} asks for {wanted:g} {resource}s but the Ray cluster has {have:g}; "
+                f"{how_to_lower}"
+            )
 
 
 def start_restartable_actor(

@@ -33,7 +33,6 @@ import numpy as np
 import ray
 import torch
 from gymnasium.wrappers.vector import DictInfoToList
-from ray.rllib.core import DEFAULT_MODULE_ID
 from ray.rllib.core.columns import Columns
 from ray.rllib.utils.from_config import NotProvided
 from ray.rllib.utils.numpy import convert_to_numpy
@@ -441,9 +440,10 @@ class InferenceServerClient:
         ray.get(self.handle.get_version.remote(), timeout=120)  # surfaces constructor errors
 
     def push_weights(self, learner_group: Any) -> int:
-        """Send the learner's current module weights (fire and forget); return their version."""
-        weights = learner_group.get_weights(module_ids=[DEFAULT_MODULE_ID])[DEFAULT_MODULE_ID]
-        self.version += 1
+        """Send the learner's current module weights (fire and forget); return their version,
+        the learner's count of gradient updates (``rl_dist_ext.params``)."""
+        results = learner_group.foreach_learner(lambda learner: learner.versioned_weights())
+        weights, self.version = results.result_or_errors[0].get()
         self.handle.set_weights.remote(weights, self.version)
         return self.version
 

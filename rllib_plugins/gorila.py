@@ -16,7 +16,6 @@ from pathlib import Path
 from typing import Any
 
 import gymnasium as gym
-import numpy as np
 import ray
 from ray.rllib.algorithms.algorithm import Algorithm
 from ray.rllib.algorithms.dqn import DQN
@@ -30,6 +29,7 @@ from ray.rllib.utils.metrics import (
 from ray.rllib.utils.numpy import convert_to_numpy
 from ray.tune.execution.placement_groups import PlacementGroupFactory
 
+from rl_dist_ext.params import policy_lag
 from rl_dist_ext.ray_actors import start_parameter_server
 from rl_dist_ext.replay.distributed import DistributedReplay
 from rllib_plugins.central_inference import InferenceServerClient
@@ -142,7 +142,7 @@ class GorilaDQN(DQN):
             replay.close()
             self._replay = None
         if getattr(self, "_param_server", None) is not None:
-            ray.kill(self._param_server, no_restart=True)
+            self._param_server.close()
             self._param_server = None
 
     # ---- one iteration ------------------------------------------------------------------------
@@ -217,7 +217,7 @@ class GorilaDQN(DQN):
         last_time, last_steps = self._last_iteration
         self._last_iteration = (now, env_steps)
         learner_version = self._learner_weights_version()
-        lags = [learner_version - v for v in self._runner_versions.values() if v >= 0]
+        lag = policy_lag(learner_version, self._runner_versions.values())
         gorila = {
             "env_steps_per_s": (env_steps - last_steps) / max(now - last_time, 1e-9),
             "replay_size": replay_stats["size"],
@@ -229,8 +229,8 @@ class GorilaDQN(DQN):
             "replay_items_lost": replay_stats["items_lost"],
             "replay_shard_failures": replay_stats["shard_failures"],
             "learner_weights_version": learner_version,
-            "policy_lag_mean": float(np.mean(lags)) if lags else 0.0,
-            "policy_lag_max": float(max(lags)) if lags else 0.0,
+            "policy_lag_mean": lag.mean,
+            "policy_lag_max": lag.max,
             "num_healthy_env_runners": self.env_runner_group.num_healthy_remote_workers(),
         }
         for runner_id, epsilon in sorted(self._runner_epsilons.items()):

@@ -18,6 +18,10 @@ except ImportError:  # Python 3.10
     from typing_extensions import Self
 
 
+#: DQN's target period (env steps) in GorilaDQN: never reached, its learner counts updates.
+DQN_TARGET_SYNC_OFF = 2**62
+
+
 class GorilaDQNConfig(CentralInferenceSettingsMixin, DQNConfig):
     """Configuration of :class:`rllib_plugins.GorilaDQN`.
 
@@ -83,7 +87,9 @@ class GorilaDQNConfig(CentralInferenceSettingsMixin, DQNConfig):
         # The distributed replay replaces DQN's local one.
         self.replay_buffer_config = {"type": "EpisodeReplayBuffer", "no_local_replay_buffer": True}
         self._init_central_inference(enabled=False)
-        # Gorila / Ape-X.
+        # Gorila / Ape-X. The target period counts gradient updates (target_update_every_n_updates);
+        # DQN's own period, in env steps, is set out of reach so that its learner never syncs.
+        self.target_network_update_freq = DQN_TARGET_SYNC_OFF
         self.target_update_every_n_updates = 250
         self.weight_sync_every_n_steps = 400
         self.updates_per_iteration = 64
@@ -185,6 +191,12 @@ class GorilaDQNConfig(CentralInferenceSettingsMixin, DQNConfig):
         ):
             check_int(name, getattr(self, name), 1)
         check_int("n_step", self.n_step, 1)  # GorilaDQN folds a fixed n on the actors
+        if self.target_network_update_freq != DQN_TARGET_SYNC_OFF:
+            raise ValueError(
+                f"target_network_update_freq={self.target_network_update_freq!r}: GorilaDQN "
+                "counts its target period in gradient updates; set "
+                "training(target_update_every_n_updates=...) instead"
+            )
         if not 0.0 <= self.epsilon_base <= 1.0:
             raise ValueError(f"epsilon_base must be in [0, 1], got {self.epsilon_base!r}")
         if not self.epsilon_alpha >= 0.0:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import numpy as np
-import ray
 import torch
 from ray.rllib.algorithms.dqn.dqn_learner import QF_PREDS
 from ray.rllib.core.columns import Columns
@@ -11,7 +10,7 @@ from ray.rllib.env.single_agent_env_runner import SingleAgentEnvRunner
 from ray.rllib.utils.schedules.scheduler import Scheduler
 
 from rl_dist_ext.exploration import apex_epsilons
-from rl_dist_ext.gorila import nstep_batch_with_priorities
+from rl_dist_ext.gorila import ActorStep, Rollout
 from rllib_plugins.central_inference import CentralInferenceRunnerMixin
 
 
@@ -59,16 +58,15 @@ def episodes_to_rollout(episodes) -> dict[str, np.ndarray]:
 class GorilaEnvRunner(CentralInferenceRunnerMixin, SingleAgentEnvRunner):
     """Acts with its own Ape-X epsilon and pushes prioritized n-step transitions to the replay.
 
-    ``connect(replay, parameter_server)`` hands it the replay client and the weights server; the
-    algorithm calls it at start and again after Ray restarts this runner.
+    The actor step is the core's (:class:`rl_dist_ext.gorila.ActorStep`); this runner supplies
+    RLlib's sampling, its module's Q-values and weight loading. ``connect(replay,
+    parameter_server)`` hands it the replay client and the weights server; the algorithm calls it
+    at start and again after Ray restarts this runner.
     """
 
     def __init__(self, *, config, **kwargs) -> None:
         super().__init__(config=config, **kwargs)
-        self._replay = None
-        self._weights_server = None
-        self.weights_version = -1
-        self._steps_since_pull = 0
+        self._actor: ActorStep | None = None
 
     @property
     def epsilon(self) -> float:
@@ -76,6 +74,11 @@ class GorilaEnvRunner(CentralInferenceRunnerMixin, SingleAgentEnvRunner):
         num = max(1, self.config.num_env_runners)
         ladder = apex_epsilons(num, self.config.epsilon_base, self.config.epsilon_alpha)
         return float(ladder[min(max(self.worker_index - 1, 0), num - 1)])
+
+    @property
+    def weights_version(self) -> int:
+        """The version of the weights this runner pulled (-1: none yet, or SEED mode)."""
+        return -1 if self._actor is None else self._actor.weights_version
 
     def make_module(self) -> None:
         super().make_module()
@@ -87,45 +90,55 @@ class GorilaEnvRunner(CentralInferenceRunnerMixin, SingleAgentEnvRunner):
 
     def connect(self, replay, parameter_server, inference_server=None) -> int:
         """Hand over the replay, the weights server and, in SEED mode, the inference server."""
-        self._replay = replay
-        self._weights_server = parameter_server
-        if inference_server is not None:
+        config = self.config
+        central = inference_server is not None
+        self._actor = ActorStep(
+            replay=replay,
+            gamma=config.gamma,
+            n_step=config.n_step,
+            prioritized=config.replay_prioritized,
+            weights=None if central else parameter_server,
+            pull_every_n_steps=config.weight_sync_every_n_steps,
+            name=f"env runner {self.worker_index}",
+        )
+        if central:
             self.connect_inference_server(inference_server)
         else:
-            self._pull_weights()
+            self.pull_weights()
         return self.worker_index
 
+    def pull_weights(self) -> bool:
+        """Pull newer weights from the parameter server now; ``True`` if there were any."""
+        return self._connected_actor().pull_weights(self.module.set_state)
+
     def collect_and_push(self, num_steps: int) -> dict:
-        """Step the envs ``num_steps`` times, fold n-step, prioritise and push to the replay."""
-        if self._replay is None:
-            raise RuntimeError("GorilaEnvRunner.connect() must be called before acting")
-        central = self._inference_server is not None
-        if not central and self._steps_since_pull >= self.config.weight_sync_every_n_steps:
-            self._pull_weights()
-        episodes = self.sample(num_timesteps=num_steps, explore=True)
-        rollout = episodes_to_rollout(episodes)
-        steps = rollout["rewards"].shape[0]
-        batch = nstep_batch_with_priorities(
-            **rollout,
-            gamma=self.config.gamma,
-            n_step=self.config.n_step,
+        """One core actor step of ``num_steps`` env steps; returns RLlib metrics and counts."""
+        result = self._connected_actor().run(
+            act=lambda: self._act(num_steps),
             q_values=self._q_values,
+            load_weights=self.module.set_state,
         )
-        self._replay.add(
-            batch.transitions, batch.priorities if self.config.replay_prioritized else None
-        )
-        self._steps_since_pull += steps
-        if central:  # the weights that acted are the server's
-            self.weights_version = int(np.mean(self._versions_used)) if self._versions_used else -1
-            self._versions_used.clear()
-            self.pause_inference()
+        self.pause_inference()  # SEED mode: no requests from this runner until the next call
         return {
             "metrics": self.get_metrics(),
-            "env_steps": steps,
-            "weights_version": self.weights_version,
+            "env_steps": result.env_steps,
+            "weights_version": result.weights_version,
             "epsilon": self.epsilon,
             "worker_index": self.worker_index,
         }
+
+    def _connected_actor(self) -> ActorStep:
+        if self._actor is None:
+            raise RuntimeError("GorilaEnvRunner.connect() must be called before acting")
+        return self._actor
+
+    def _act(self, num_steps: int) -> Rollout:
+        if self._inference_server is None:
+            return Rollout(episodes_to_rollout(self.sample(num_timesteps=num_steps, explore=True)))
+        self._versions_used.clear()
+        episodes = self.sample(num_timesteps=num_steps, explore=True)
+        used = self._versions_used  # the server's replies while acting
+        return Rollout(episodes_to_rollout(episodes), float(np.mean(used)) if used else -1.0)
 
     def _q_values(self, obs):
         if self._inference_server is not None:  # SEED mode: the server holds the weights
@@ -140,11 +153,3 @@ class GorilaEnvRunner(CentralInferenceRunnerMixin, SingleAgentEnvRunner):
             explore_mask = np.random.random(actions.shape) < self.epsilon
             actions = np.where(explore_mask, random_actions, actions)
         return {Columns.ACTIONS: torch.as_tensor(actions)}
-
-    def _pull_weights(self) -> None:
-        latest = ray.get(self._weights_server.pull_if_newer.remote(self.weights_version))
-        self._steps_since_pull = 0
-        if latest is None:
-            return
-        self.module.set_state(latest.weights)
-        self.weights_version = latest.version

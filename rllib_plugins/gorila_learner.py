@@ -1,14 +1,14 @@
 """Gorila's central learner on RLlib's ``DQNTorchLearner``.
 
-It samples prioritized batches straight from the distributed replay (with prefetch), trains the
-shared importance-weighted double-DQN loss (``rl_dist_ext.ops.priorities.double_dqn_loss``),
-sends the new priorities back through ``update_priorities(keys, priorities)``, hard-updates the
-target network every C gradient updates, and publishes versioned weights for the env runners.
+The learner step is the core's (:class:`rl_dist_ext.gorila.GorilaLearner`: sample from the
+distributed replay with prefetch -> gradient step -> priorities back -> target every C gradient
+updates -> publish every P); this class only translates: replay rows to an RLlib batch, the loss
+to the shared importance-weighted double-DQN loss (``rl_dist_ext.ops.dqn.double_dqn_loss``), and
+RLlib's ``after_gradient_based_update`` hook to the core's clock.
 """
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 import numpy as np
@@ -20,7 +20,6 @@ from ray.rllib.algorithms.dqn.dqn_learner import (
     QF_PREDS,
     QF_TARGET_NEXT_PREDS,
     TD_ERROR_MEAN_KEY,
-    DQNLearner,
 )
 from ray.rllib.algorithms.dqn.torch.dqn_torch_learner import DQNTorchLearner
 from ray.rllib.core import DEFAULT_MODULE_ID
@@ -30,7 +29,9 @@ from ray.rllib.policy.sample_batch import MultiAgentBatch, SampleBatch
 from ray.rllib.utils.metrics import ALL_MODULES, NUM_TARGET_UPDATES
 from ray.rllib.utils.numpy import convert_to_numpy
 
-from rl_dist_ext.ops.priorities import double_dqn_loss
+from rl_dist_ext.gorila import GorilaLearner
+from rl_dist_ext.ops.dqn import double_dqn_loss
+from rl_dist_ext.replay.prioritized import ReplaySample
 
 DISCOUNTS = "discounts"
 WEIGHTS = "weights"
@@ -50,73 +51,81 @@ def replay_rows_to_batch(rows: dict[str, np.ndarray], weights: np.ndarray) -> Sa
     )
 
 
+class WeightsSinks:
+    """Where published weights go: the parameter server and, in SEED mode, the inference server
+    (fire and forget there: the server ignores versions older than the one it holds)."""
+
+    def __init__(self, parameter_server, inference_server=None) -> None:
+        self._parameter_server = parameter_server
+        self._inference_server = inference_server
+
+    def publish(self, weights: Any, version: int) -> int:
+        if self._inference_server is not None:
+            self._inference_server.set_weights.remote(weights, version)
+        return self._parameter_server.publish(weights, version)
+
+
 class GorilaDQNTorchLearner(DQNTorchLearner):
     """Double DQN with importance weights, fed from the distributed replay."""
 
     def build(self) -> None:
         super().build()
-        self._replay = None
-        self._weights_server = None
-        self._inference_server = None
+        config = self.config
+        self.gorila = GorilaLearner(
+            replay=None,
+            batch_size=config.train_batch_size_per_learner,
+            prioritized=config.replay_prioritized,
+            target_update_every=config.target_update_every_n_updates,
+            publish_every=config.publish_every_n_updates,
+            sync_target=self._sync_target_networks,
+            export_weights=self._inference_weights,
+        )
         self._last_td_error: dict[str, torch.Tensor] = {}
-        self.num_gradient_updates = 0
-        self.weights_version = 0
-        self._sample_wait_s = 0.0
+
+    @property
+    def num_gradient_updates(self) -> int:
+        return self.gorila.num_gradient_updates
+
+    @property
+    def weights_version(self) -> int:
+        return self.gorila.weights_version
 
     # ---- wiring -------------------------------------------------------------------------------
     def connect(self, replay, parameter_server, inference_server=None) -> int:
         """Hand over the replay client, the weights server and (SEED mode) the inference
         server; publish the current weights."""
-        self._replay = replay
-        self._weights_server = parameter_server
-        self._inference_server = inference_server
-        self.publish_weights()
-        return self.weights_version
+        return self.gorila.connect(
+            replay=replay, weights=WeightsSinks(parameter_server, inference_server)
+        )
 
     def publish_weights(self) -> int:
-        import ray
+        return self.gorila.publish()
 
-        self.weights_version += 1
-        state = convert_to_numpy(self.module[DEFAULT_MODULE_ID].get_state(inference_only=True))
-        if self._inference_server is not None:  # fire and forget; stale versions are ignored
-            self._inference_server.set_weights.remote(state, self.weights_version)
-        ray.get(self._weights_server.publish.remote(state, self.weights_version))
-        return self.weights_version
+    def _inference_weights(self) -> dict[str, Any]:
+        return convert_to_numpy(self.module[DEFAULT_MODULE_ID].get_state(inference_only=True))
 
     # ---- the training loop body ---------------------------------------------------------------
     def train_from_replay(self, num_updates: int, timesteps: dict[str, Any]) -> dict:
-        """Run ``num_updates`` x [sample, gradient step, priority update]; return metrics."""
-        config = self.config
-        batch_size = config.train_batch_size_per_learner
-        beta = config.effective_beta
-        wait = 0.0
-        started = time.monotonic()
-        for _ in range(num_updates):
-            t0 = time.monotonic()
-            sample = self._replay.sample(batch_size, beta=beta)
-            wait += time.monotonic() - t0
+        """Run ``num_updates`` core learner updates; return RLlib's reduced metrics."""
+
+        def gradient_step(sample: ReplaySample) -> torch.Tensor:
             batch = MultiAgentBatch(
                 {DEFAULT_MODULE_ID: replay_rows_to_batch(sample.batch, sample.weights)},
-                env_steps=batch_size,
+                env_steps=len(sample.keys),
             )
             self.update(batch=batch, timesteps=timesteps, _no_metrics_reduce=True)
-            td = self._last_td_error[DEFAULT_MODULE_ID].abs().cpu().numpy()
-            if config.replay_prioritized:
-                self._replay.update_priorities(sample.keys, td)
-            if self.num_gradient_updates % config.publish_every_n_updates == 0:
-                self.publish_weights()
-        elapsed = time.monotonic() - started
-        self._sample_wait_s += wait
-        self.metrics.log_value(
-            (ALL_MODULES, "replay_sample_wait_fraction"), wait / elapsed, window=1
+            return self._last_td_error[DEFAULT_MODULE_ID]
+
+        stats = self.gorila.update(
+            num_updates, beta=self.config.effective_beta, gradient_step=gradient_step
         )
-        self.metrics.log_value(
-            (ALL_MODULES, "gradient_updates_per_s"), num_updates / elapsed, window=1
-        )
-        self.metrics.log_value(
-            (ALL_MODULES, "num_gradient_updates"), self.num_gradient_updates, window=1
-        )
-        self.metrics.log_value((ALL_MODULES, "weights_version"), self.weights_version, window=1)
+        metrics = {
+            "replay_sample_wait_fraction": stats.sample_wait_s / stats.seconds,
+            "gradient_updates_per_s": stats.num_updates / stats.seconds,
+            "num_gradient_updates": self.gorila.num_gradient_updates,
+            "weights_version": self.gorila.weights_version,
+        }
+        self.metrics.log_dict(metrics, key=ALL_MODULES, window=1)
         return self.metrics.reduce()
 
     # ---- loss and target network --------------------------------------------------------------
@@ -146,12 +155,13 @@ class GorilaDQNTorchLearner(DQNTorchLearner):
         return out.loss
 
     def after_gradient_based_update(self, *, timesteps: dict[str, Any]) -> None:
-        # Skip DQNLearner's env-step-based target sync: Gorila counts gradient updates.
-        super(DQNLearner, self).after_gradient_based_update(timesteps=timesteps)
-        self.num_gradient_updates += 1
-        if self.num_gradient_updates % self.config.target_update_every_n_updates:
-            return
-        for module_id, module in self.module._rl_modules.items():
+        # DQNLearner's env-step-based target sync never fires (GorilaDQNConfig sets its period
+        # out of reach); the core step syncs every C gradient updates instead.
+        super().after_gradient_based_update(timesteps=timesteps)
+        self.gorila.after_gradient_step()
+
+    def _sync_target_networks(self) -> None:
+        for module_id, module in self.module.items():
             for main_net, target_net in module.unwrapped().get_target_network_pairs():
                 update_target_network(main_net=main_net, target_net=target_net, tau=1.0)
             self.metrics.log_value((module_id, NUM_TARGET_UPDATES), 1, reduce="lifetime_sum")
@@ -159,18 +169,13 @@ class GorilaDQNTorchLearner(DQNTorchLearner):
     # ---- checkpoint the counters with the learner ----------------------------------------------
     def get_state(self, *args, **kwargs):
         state = super().get_state(*args, **kwargs)
-        state["gorila"] = {
-            "num_gradient_updates": self.num_gradient_updates,
-            "weights_version": self.weights_version,
-        }
+        state["gorila"] = self.gorila.state_dict()
         return state
 
     def set_state(self, state) -> None:
-        """Restore the weights and counters. The weights version never goes back: runners and
-        the inference server only take versions newer than theirs, so the restored weights
-        are published (by ``GorilaDQN.restore_from_path``) as the version after the newest
-        one this learner or the checkpoint has seen."""
+        """Restore the weights and counters. The weights version moves past every version
+        published before (see ``rl_dist_ext.params``); ``GorilaDQN.restore_from_path`` then
+        publishes the restored weights."""
         super().set_state(state)
         if "gorila" in state:
-            self.num_gradient_updates = state["gorila"]["num_gradient_updates"]
-            self.weights_version = max(self.weights_version, state["gorila"]["weights_version"])
+            self.gorila.load_state_dict(state["gorila"])

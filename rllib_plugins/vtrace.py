@@ -19,7 +19,8 @@
 
 Metrics in ``train()`` results under ``"central_inference"``: server requests/s, mean batch size
 and fill, queueing latency p50/p99, weights version and policy lag (server version minus the
-mean version the runners' last samples were acted with).
+mean version the runners' last samples were acted with; versions count the learner's gradient
+updates, ``rl_dist_ext.params``).
 """
 
 from __future__ import annotations
@@ -44,6 +45,7 @@ from ray.rllib.utils.metrics import (
 )
 from ray.tune.execution.placement_groups import PlacementGroupFactory
 
+from rl_dist_ext.params import policy_lag
 from rl_dist_ext.validation import check_real
 from rllib_plugins.central_inference import (
     WEIGHTS_VERSION_USED,
@@ -188,7 +190,7 @@ class VTrace(IMPALA):
         version = self._inference.version
         stats = self._inference.stats()
         used = self.metrics.peek((ENV_RUNNER_RESULTS, WEIGHTS_VERSION_USED), default=float("nan"))
-        stats["policy_lag"] = version - float(used)  # nan until a runner reported
+        stats["policy_lag"] = policy_lag(version, [used]).mean  # nan until a runner reported
         self.metrics.log_dict(stats, key=METRICS_KEY, window=1)
 
     def _env_steps_trained(self) -> float:

@@ -20,14 +20,45 @@ from typing import Any
 import torch
 from ray.rllib.algorithms.impala.torch.impala_torch_learner import IMPALATorchLearner
 from ray.rllib.algorithms.impala.torch.vtrace_torch_v2 import make_time_major
+from ray.rllib.core import DEFAULT_MODULE_ID
 from ray.rllib.core.columns import Columns
 from ray.rllib.core.learner.learner import ENTROPY_KEY
+from ray.rllib.utils.numpy import convert_to_numpy
 
 from rl_dist_ext.ops.vtrace import vtrace_from_log_probs
+from rl_dist_ext.params import VersionedWeights, WeightsVersion
 
 
 class VTraceTorchLearner(IMPALATorchLearner):
-    """IMPALA's learner whose loss calls the shared V-trace core."""
+    """IMPALA's learner whose loss calls the shared V-trace core.
+
+    Its weights carry a version that counts gradient updates (``rl_dist_ext.params``), the
+    unit the inference server's replies and the policy lag are reported in.
+    """
+
+    def build(self) -> None:
+        super().build()
+        self.weights_clock = WeightsVersion()
+
+    def after_gradient_based_update(self, *, timesteps: dict[str, Any]) -> None:
+        super().after_gradient_based_update(timesteps=timesteps)
+        self.weights_clock.advance()
+
+    def versioned_weights(self) -> VersionedWeights:
+        """The module's inference weights (numpy) and their version."""
+        state = self.module[DEFAULT_MODULE_ID].get_state(inference_only=True)
+        return VersionedWeights(convert_to_numpy(state), self.weights_clock.version)
+
+    def get_state(self, *args: Any, **kwargs: Any):
+        state = super().get_state(*args, **kwargs)
+        state["weights_version"] = self.weights_clock.state_dict()
+        return state
+
+    def set_state(self, state) -> None:
+        """Restore; the weights version moves past every one pushed before."""
+        super().set_state(state)
+        if "weights_version" in state:
+            self.weights_clock.load_state_dict(state["weights_version"])
 
     def compute_loss_for_module(self, *, module_id, config, batch, fwd_out) -> torch.Tensor:
         module = self.module[module_id].unwrapped()

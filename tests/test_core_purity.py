@@ -1,4 +1,5 @@
-"""The pure core (rl_dist_ext) must not pull in Ray, RLlib or Tianshou; packages ship py.typed."""
+"""The core (rl_dist_ext) imports Ray only in its named Ray modules, never Tianshou or gymnasium;
+ops/ imports numpy, torch and the standard library only; packages ship py.typed."""
 
 from __future__ import annotations
 
@@ -14,13 +15,28 @@ import pytest
 REPO_ROOT = Path(__file__).resolve().parents[1]
 OPS_DIR = REPO_ROOT / "rl_dist_ext" / "ops"
 
+CORE_DIR = REPO_ROOT / "rl_dist_ext"
+CORE_FILES = sorted(CORE_DIR.rglob("*.py"))
+#: The only core modules that may import Ray: the actor starters (where ``ray.remote`` is
+#: applied), the actor pool and the parts of the distributed replay client that talk to shards.
+RAY_MODULES = {
+    "rl_dist_ext/ray_actors.py",
+    "rl_dist_ext/actor_pool.py",
+    "rl_dist_ext/replay/distributed/client.py",
+    "rl_dist_ext/replay/distributed/shards.py",
+    "rl_dist_ext/replay/distributed/inserts.py",
+    "rl_dist_ext/replay/distributed/sampling.py",
+}
+NEVER_IN_CORE = {"ray", "tianshou", "gymnasium", "gym"}
+
+
+def _module_name(path: Path) -> str:
+    parts = path.relative_to(REPO_ROOT).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
 CORE_MODULES = [
-    "rl_dist_ext",
-    "rl_dist_ext.ops.vtrace",
-    "rl_dist_ext.ops.nstep",
-    "rl_dist_ext.ops.priorities",
-    "rl_dist_ext.exploration",
-    "rl_dist_ext.replay",
+    _module_name(p) for p in CORE_FILES if str(p.relative_to(REPO_ROOT)) not in RAY_MODULES
 ]
 FORBIDDEN_TOP_LEVEL = ("ray", "tianshou")
 
@@ -94,9 +110,29 @@ def _top_level_imports(path: Path) -> list[tuple[int, str]]:
 OPS_FILES = sorted(OPS_DIR.rglob("*.py"))
 
 
+def test_ray_modules_exist_and_every_other_core_module_is_probed():
+    for name in RAY_MODULES:
+        assert (REPO_ROOT / name).is_file(), name
+    assert "rl_dist_ext.gorila.learner" in CORE_MODULES
+    assert "rl_dist_ext.inference" in CORE_MODULES
+    assert len(CORE_MODULES) + len(RAY_MODULES) == len(CORE_FILES)
+
+
+@pytest.mark.parametrize("path", CORE_FILES, ids=lambda p: str(p.relative_to(REPO_ROOT)))
+def test_core_imports_ray_only_in_its_ray_modules(path):
+    name = str(path.relative_to(REPO_ROOT))
+    allowed_here = {"ray"} if name in RAY_MODULES else set()
+    offenders = [
+        f"line {lineno}: {top}"
+        for lineno, top in _top_level_imports(path)
+        if top in NEVER_IN_CORE - allowed_here
+    ]
+    assert not offenders, f"{name} imports " + "; ".join(offenders)
+
+
 def test_ops_files_found():
     names = {p.name for p in OPS_FILES}
-    assert {"__init__.py", "vtrace.py", "nstep.py", "priorities.py"} <= names
+    assert {"__init__.py", "vtrace.py", "nstep.py", "priorities.py", "dqn.py"} <= names
 
 
 @pytest.mark.parametrize("path", OPS_FILES, ids=lambda p: str(p.relative_to(REPO_ROOT)))
@@ -149,3 +185,52 @@ def test_pyproject_packages_py_typed():
     include = setuptools_cfg["packages"]["find"]["include"]
     for pkg in ("rl_dist_ext", "rllib_plugins", "tianshou_plugins"):
         assert any(pattern.startswith(pkg) for pattern in include), pkg
+
+
+# ---- Python 3.10 (the declared minimum) ---------------------------------------------------
+PACKAGE_FILES = sorted(
+    path
+    for package in ("rl_dist_ext", "rllib_plugins", "tianshou_plugins")
+    for path in (REPO_ROOT / package).rglob("*.py")
+)
+#: typing names added after Python 3.10: import them from typing_extensions on 3.10.
+TYPING_AFTER_310 = {
+    "Self", "Never", "LiteralString", "TypeVarTuple", "Unpack", "Required", "NotRequired",
+    "assert_never", "assert_type", "reveal_type", "dataclass_transform", "override",
+    "TypeAliasType", "get_overloads", "clear_overloads", "ReadOnly", "TypeIs",
+}  # fmt: skip
+
+
+def _typing_imports_outside_import_error_guard(tree: ast.AST) -> list[tuple[int, str]]:
+    guarded: set[int] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Try) and any(
+            isinstance(h.type, ast.Name) and h.type.id in ("ImportError", "ModuleNotFoundError")
+            for h in node.handlers
+        ):
+            guarded.update(id(child) for stmt in node.body for child in ast.walk(stmt))
+    return [
+        (node.lineno, alias.name)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.ImportFrom) and node.module == "typing" and id(node) not in guarded
+        for alias in node.names
+        if alias.name in TYPING_AFTER_310
+    ]
+
+
+@pytest.mark.parametrize("path", PACKAGE_FILES, ids=lambda p: str(p.relative_to(REPO_ROOT)))
+def test_package_parses_as_python_310_and_takes_newer_typing_names_guarded(path):
+    source = path.read_text(encoding="utf-8")
+    tree = ast.parse(source, filename=str(path), feature_version=(3, 10))
+    offenders = _typing_imports_outside_import_error_guard(tree)
+    assert not offenders, f"{path.relative_to(REPO_ROOT)}: typing names newer than 3.10 {offenders}"
+
+
+def test_python_310_guard_sees_an_unguarded_self():
+    bad = ast.parse("from typing import Any, Self\n")
+    good = ast.parse(
+        "try:\n    from typing import Self\nexcept ImportError:\n"
+        "    from typing_extensions import Self\n"
+    )
+    assert _typing_imports_outside_import_error_guard(bad) == [(1, "Self")]
+    assert _typing_imports_outside_import_error_guard(good) == []

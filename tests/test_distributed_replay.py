@@ -62,8 +62,8 @@ def test_round_trip(make_replay, num_shards):
     for start in range(0, 270, 30):  # 9 batches: round-robin spreads them evenly
         replay.add(rows(start, 30))
     replay.flush()
-    assert replay.stats()["size"] == 270
-    assert replay.stats()["size_per_shard"] == [270 // num_shards] * num_shards
+    assert replay.stats(wait=True)["size"] == 270
+    assert replay.stats(wait=True)["size_per_shard"] == [270 // num_shards] * num_shards
     key_of: dict[int, int] = {}
     shards_seen = set()
     for _ in range(40):
@@ -137,10 +137,10 @@ def test_priority_updates_reach_the_right_items_and_stale_ones_are_dropped(make_
     replay.add(rows(100, 20))
     replay.add(rows(120, 20))
     replay.flush()
-    before = replay.stats()["stale_updates"]
+    before = replay.stats(wait=True)["stale_updates"]
     replay.update_priorities(keys, np.full(len(keys), 1e6))
     replay.flush()
-    assert replay.stats()["stale_updates"] - before == len(keys)
+    assert replay.stats(wait=True)["stale_updates"] - before == len(keys)
     statuses = replay.refresh()
     assert sum(s.total_priority for s in statuses) < 1e6
 
@@ -192,10 +192,10 @@ def test_priority_updates_are_sent_every_batches_per_request_calls(make_replay):
     total = replay.refresh()[0].total_priority
     for i in range(2):  # gathered, not sent
         replay.update_priorities(np.array([i]), np.array([11.0]))
-    replay._reap_updates(block=False)
+    replay._priorities._reap(block=False)
     assert replay.refresh()[0].total_priority == pytest.approx(total)
     replay.update_priorities(np.array([2]), np.array([11.0]))  # third call: all three go
-    replay._reap_updates(block=True)
+    replay._priorities._reap(block=True)
     assert replay.refresh()[0].total_priority == pytest.approx(total + 30.0)
     replay.update_priorities(np.array([3]), np.array([11.0]))
     replay.flush()  # flush sends a partial gathering too
@@ -301,7 +301,7 @@ def test_rate_limited_learner_and_actor_keep_going_when_shard_masses_differ(make
         sampled += 32
     inserted = ray.get(inserted_ref)
     replay.flush()
-    stats = replay.stats()
+    stats = replay.stats(wait=True)
     assert inserted >= 1_000 and sampled >= 4_000, (inserted, sampled)
     assert 2.0 <= stats["samples_per_insert"] <= 6.0, stats
     assert stats["num_inserted"] == inserted
@@ -344,11 +344,11 @@ def test_save_and_restore_round_trip(make_replay, tmp_path):
     replay.flush()
     replay.save(str(tmp_path / "ckpt"))
     assert (tmp_path / "ckpt" / "manifest.json").exists()
-    before = replay.stats()
+    before = replay.stats(wait=True)
 
     fresh = make_replay(num_shards=2, capacity=200, alpha=1.0)
     fresh.restore(str(tmp_path / "ckpt"))
-    after = fresh.stats()
+    after = fresh.stats(wait=True)
     assert after["size_per_shard"] == before["size_per_shard"]
     assert after["num_inserted"] == before["num_inserted"]
     draws = np.concatenate([fresh.sample(32).batch["id"] for _ in range(20)])
@@ -379,7 +379,7 @@ def test_killed_shard_restarts_from_snapshot_and_losses_are_counted(make_replay,
         replay.add(rows(next_id, 25))
         next_id += 25
     replay.flush()
-    assert replay.stats()["size"] == 500
+    assert replay.stats(wait=True)["size"] == 500
     ray.kill(replay.handles[0], no_restart=False)
     # A training-style loop keeps going while the shard is down and comes back.
     deadline = time.monotonic() + 30
@@ -390,10 +390,14 @@ def test_killed_shard_restarts_from_snapshot_and_losses_are_counted(make_replay,
         replay.add(rows(next_id, 25))
         next_id += 25
         cycles += 1
-        if cycles > 50 and replay.stats()["shards_alive"] == 2 and replay.stats()["shard_failures"]:
+        if (
+            cycles > 50
+            and replay.stats(wait=True)["shards_alive"] == 2
+            and replay.stats(wait=True)["shard_failures"]
+        ):
             break
     replay.flush()
-    stats = replay.stats()
+    stats = replay.stats(wait=True)
     assert cycles > 50
     assert stats["shard_failures"] >= 1
     assert stats["shards_alive"] == 2
@@ -418,7 +422,7 @@ def test_restore_while_a_shard_restarts_waits_for_it(make_replay, tmp_path):
 
     replay.restore(str(tmp_path / "ckpt"))
 
-    assert replay.stats()["size_per_shard"] == [60, 60]
+    assert replay.stats(wait=True)["size_per_shard"] == [60, 60]
 
 
 def test_calls_to_a_shard_that_never_comes_back_raise_the_projects_error(make_replay, tmp_path):
@@ -458,7 +462,7 @@ def test_adds_give_up_when_no_shard_is_alive(make_replay):
         for start in range(10, 1_000, 10):
             replay.add(rows(start, 10))
         replay.flush()
-    assert replay.stats()["adds_rerouted"] >= 1
+    assert replay.stats(wait=True)["adds_rerouted"] >= 1
 
 
 def test_client_pickles_into_a_remote_producer(make_replay):
@@ -473,10 +477,10 @@ def test_client_pickles_into_a_remote_producer(make_replay):
             ids = np.arange(start + offset, start + offset + 20)
             client.add({"id": ids, "obs": np.repeat(ids[:, None], 3, axis=1).astype(np.float32)})
         client.flush()
-        return client.stats()["num_inserted"]
+        return client.stats(wait=True)["num_inserted"]
 
     ray.get([produce.remote(replay, 0), produce.remote(replay, 1000)], timeout=60)
-    assert replay.stats()["size"] == 200
+    assert replay.stats(wait=True)["size"] == 200
 
 
 def test_a_client_in_another_actor_samples_every_shard_by_its_mass(make_replay):
@@ -590,8 +594,52 @@ def test_shards_run_inside_a_placement_group(ray_session):
         replay.add(rows(0, 10))
         replay.add(rows(10, 10))
         replay.flush()
-        assert replay.stats()["size"] == 20
+        assert replay.stats(wait=True)["size"] == 20
         assert len(replay.sample(8).keys) == 8
     finally:
         replay.close()
         remove_placement_group(group)
+
+
+def test_stats_never_wait_on_a_shard_and_stay_current_from_status_polls(make_replay, monkeypatch):
+    """A training loop reads stats every iteration: they come from statuses the client already
+    has (no blocking ray.get); its background status requests keep them current."""
+    import ray
+
+    replay = make_replay(num_shards=2, capacity=400, status_refresh_s=0.2)
+    writer = pickle.loads(pickle.dumps(replay))  # another process's client, as an actor has
+    writer.add(rows(0, 50))
+    writer.add(rows(50, 50))  # round-robin: one batch per shard
+    writer.flush()
+
+    real_get = ray.get
+
+    def no_blocking_get(refs, *args, **kwargs):
+        listed = refs if isinstance(refs, list) else [refs]
+        if len(ray.wait(listed, num_returns=len(listed), timeout=0)[0]) < len(listed):
+            raise AssertionError("stats() waited on a shard")
+        return real_get(refs, *args, **kwargs)  # a reply that is already here
+
+    monkeypatch.setattr(ray, "get", no_blocking_get)
+    deadline = time.monotonic() + 10
+    while replay.stats()["size"] < 100:  # the inserts show up through the status polls
+        assert time.monotonic() < deadline, replay.stats()
+        time.sleep(0.05)
+    with pytest.raises(AssertionError, match="waited"):
+        replay.stats(wait=True)
+    monkeypatch.setattr(ray, "get", real_get)
+    assert replay.stats(wait=True)["size_per_shard"] == [50, 50]
+
+
+def test_stats_report_a_dead_shard_without_waiting_for_it(make_replay):
+    import ray
+
+    replay = make_replay(num_shards=2, capacity=400, status_refresh_s=0.2)
+    replay.add(rows(0, 100))
+    replay.flush()
+    ray.kill(replay.handles[1], no_restart=True)
+    deadline = time.monotonic() + 10
+    while (stats := replay.stats())["shards_alive"] != 1:
+        assert time.monotonic() < deadline, stats
+        time.sleep(0.05)
+    assert stats["shard_failures"] == 1 and stats["size_per_shard"][1] is None

@@ -89,3 +89,187 @@ def test_nstep_batch_with_priorities_matches_a_naive_loop():
 
     expected = naive_priorities(rollout, 0.9, 3, q_table)
     np.testing.assert_allclose(batch.priorities, expected, rtol=1e-4, atol=1e-5)
+
+
+# ---- one version unit, one policy lag ------------------------------------------------------------
+def test_weights_version_counts_gradient_updates_and_moves_past_on_load():
+    from rl_dist_ext.params import WeightsVersion
+
+    clock = WeightsVersion()
+    assert (clock.num_gradient_updates, clock.version) == (0, 0)
+    for _ in range(5):
+        clock.advance()
+    saved = clock.state_dict()
+    assert saved == {"num_gradient_updates": 5, "version": 5}
+    for _ in range(3):
+        clock.advance()
+    clock.load_state_dict(saved)  # older weights back: a version newer than any published
+    assert (clock.num_gradient_updates, clock.version) == (5, 9)
+    fresh = WeightsVersion()
+    fresh.load_state_dict(saved)
+    assert (fresh.num_gradient_updates, fresh.version) == (5, 6)
+    with pytest.raises(ValueError, match="version"):
+        fresh.load_state_dict({"num_gradient_updates": 1, "version": -2})
+
+
+def test_policy_lag_is_learner_minus_acting_version_without_unknown_ones():
+    import math
+
+    from rl_dist_ext.params import policy_lag
+
+    lag = policy_lag(10, [10, 7, 4.5, -1])
+    assert lag.mean == pytest.approx((0 + 3 + 5.5) / 3) and lag.max == 5.5
+    assert all(math.isnan(x) for x in policy_lag(3, [-1]))
+
+
+# ---- the actor step ----------------------------------------------------------------------------
+class RecordingReplay:
+    def __init__(self):
+        self.added = []
+        self.priority_updates = []
+        self.samples = 0
+
+    def add(self, transitions, priorities=None):
+        self.added.append((transitions, priorities))
+
+    def sample(self, batch_size, *, beta):
+        from rl_dist_ext.replay.prioritized import ReplaySample
+
+        self.samples += 1
+        keys = np.arange(batch_size) + 100 * self.samples
+        return ReplaySample({"x": np.zeros(batch_size)}, keys, np.ones(batch_size, np.float32))
+
+    def update_priorities(self, keys, priorities):
+        self.priority_updates.append((keys, priorities))
+
+
+def small_rollout(steps=4, envs=2, nan_at=None):
+    rng = np.random.default_rng(0)
+    columns = {
+        "obs": rng.normal(size=(steps, envs, 3)).astype(np.float32),
+        "actions": rng.integers(0, 2, size=(steps, envs)),
+        "rewards": rng.normal(size=(steps, envs)).astype(np.float32),
+        "next_obs": rng.normal(size=(steps, envs, 3)).astype(np.float32),
+        "terminated": np.zeros((steps, envs), bool),
+        "truncated": np.zeros((steps, envs), bool),
+    }
+    if nan_at is not None:
+        columns[nan_at][1, 0] = np.nan
+    return columns
+
+
+def test_actor_step_pulls_every_k_steps_and_pushes_folded_prioritized_rows():
+    from rl_dist_ext.gorila import ActorStep, Rollout
+
+    server = ParameterServer()
+    server.publish({"w": 0}, 0)
+    replay = RecordingReplay()
+    loaded = []
+    net = torch.nn.Linear(3, 2)
+    step = ActorStep(replay=replay, gamma=0.9, n_step=2, weights=server, pull_every_n_steps=16)
+    assert step.pull_weights(loaded.append) and step.weights_version == 0
+    for call in range(4):  # 8 env steps per call: 16 have passed before call 2 only
+        server.publish({"w": call + 1}, call + 1)
+        result = step.run(
+            act=lambda: Rollout(small_rollout()), q_values=net, load_weights=loaded.append
+        )
+        assert result.env_steps == 8
+    assert [w["w"] for w in loaded] == [0, 3]
+    assert step.weights_version == 3 and step.env_steps == 32
+    transitions, priorities = replay.added[0]
+    assert set(transitions) == set(TRANSITION_COLUMNS) and priorities.shape == (8,)
+    assert (priorities >= 0).all()
+
+
+def test_actor_step_without_prioritization_pushes_no_priorities_and_seed_reports_server_version():
+    from rl_dist_ext.gorila import ActorStep, Rollout
+
+    replay = RecordingReplay()
+    step = ActorStep(replay=replay, gamma=0.9, n_step=1, prioritized=False, weights=None)
+    result = step.run(
+        act=lambda: Rollout(small_rollout(), acting_version=6.5),
+        q_values=torch.nn.Linear(3, 2),
+        load_weights=lambda w: pytest.fail("a SEED actor never loads weights"),
+    )
+    assert replay.added[0][1] is None
+    assert result.weights_version == 6.5
+
+
+@pytest.mark.parametrize("column", ["obs", "rewards", "next_obs"])
+def test_actor_step_rejects_non_finite_rollouts_and_pushes_nothing(column):
+    from rl_dist_ext.gorila import ActorStep, Rollout
+
+    replay = RecordingReplay()
+    step = ActorStep(replay=replay, gamma=0.9, n_step=1, name="actor 3")
+    with pytest.raises(ValueError, match=r"actor 3: .*non-finite"):
+        step.run(
+            act=lambda: Rollout(small_rollout(nan_at=column)),
+            q_values=torch.nn.Linear(3, 2),
+            load_weights=lambda w: None,
+        )
+    assert replay.added == []
+
+
+# ---- the learner step --------------------------------------------------------------------------
+def make_learner(replay, **overrides):
+    from rl_dist_ext.gorila import GorilaLearner
+
+    events = []
+    settings = dict(
+        replay=replay,
+        batch_size=4,
+        prioritized=True,
+        target_update_every=3,
+        publish_every=2,
+        sync_target=lambda: events.append("target"),
+        export_weights=lambda: {"w": len(events)},
+    )
+    settings.update(overrides)
+    return GorilaLearner(**settings), events
+
+
+def test_learner_step_sends_priorities_syncs_target_every_c_and_publishes_every_p():
+    replay = RecordingReplay()
+    learner, events = make_learner(replay)
+    server = ParameterServer()
+    assert learner.connect(weights=server) == 0 and server.version() == 0
+
+    def gradient_step(sample):
+        events.append(f"update {learner.num_gradient_updates + 1}")
+        learner.after_gradient_step()
+        return -torch.arange(len(sample.keys), dtype=torch.float32)
+
+    stats = learner.update(6, beta=0.5, gradient_step=gradient_step)
+    assert stats.num_updates == 6 and 0 <= stats.sample_wait_s <= stats.seconds
+    assert events == [
+        "update 1", "update 2", "update 3", "target",
+        "update 4", "update 5", "update 6", "target",
+    ]  # fmt: skip
+    assert [int(k[0]) for k, _ in replay.priority_updates] == [100, 200, 300, 400, 500, 600]
+    np.testing.assert_array_equal(replay.priority_updates[0][1], [0, 1, 2, 3])  # |TD|
+    assert server.version() == 6 and server.stats()["num_publishes"] == 4  # 0, 2, 4, 6
+    assert learner.publish() == 6 and server.stats()["num_publishes"] == 4  # nothing new
+
+
+def test_learner_step_refuses_a_gradient_step_that_does_not_count_itself():
+    learner, _ = make_learner(RecordingReplay())
+    with pytest.raises(RuntimeError, match="after_gradient_step"):
+        learner.update(1, beta=0.4, gradient_step=lambda sample: torch.zeros(4))
+
+
+def test_uniform_learner_sends_no_priorities_and_pickles_without_connections():
+    import pickle
+
+    replay = RecordingReplay()
+    learner, _ = make_learner(replay, prioritized=False, sync_target=print, export_weights=dict)
+    learner.connect(weights=ParameterServer())
+
+    def gradient_step(sample):
+        learner.after_gradient_step()
+        return torch.ones(4)
+
+    learner.update(2, beta=0.0, gradient_step=gradient_step)
+    assert replay.priority_updates == []
+    clone = pickle.loads(pickle.dumps(learner))
+    assert clone.replay is None and clone.num_gradient_updates == 2
+    assert clone.state_dict() == learner.state_dict()

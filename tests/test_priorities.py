@@ -1,4 +1,4 @@
-"""Tests for rl_dist_ext.ops.priorities: PER priorities/IS weights and the double-DQN loss."""
+"""Tests for rl_dist_ext.ops.priorities (PER priorities, IS weights) and ops.dqn (the loss)."""
 
 from __future__ import annotations
 
@@ -8,12 +8,8 @@ import numpy as np
 import pytest
 import torch
 
-from rl_dist_ext.ops.priorities import (
-    double_dqn_loss,
-    double_dqn_td_error,
-    importance_weights,
-    td_priorities,
-)
+from rl_dist_ext.ops.dqn import double_dqn_loss, double_dqn_td_error
+from rl_dist_ext.ops.priorities import importance_weights, td_priorities
 
 # --------------------------------------------------------------------------------------------
 # naive references

@@ -133,18 +133,18 @@ def test_distributed_replay_clear(replay):
     replay.flush()
     old_keys = np.unique(np.concatenate([replay.sample(16).keys for _ in range(20)]))
     assert len(replay) == 40
-    stale_before = replay.stats()["stale_updates"]
+    stale_before = replay.stats(wait=True)["stale_updates"]
 
     replay.clear()
     assert len(replay) == 0
-    stats = replay.stats()
+    stats = replay.stats(wait=True)
     assert stats["size"] == 0 and stats["size_per_shard"] == [0, 0]
     assert stats["num_inserted"] == 0
     for status in replay.refresh():
         assert status.total_priority == 0.0 and math.isinf(status.min_priority)
     replay.update_priorities(old_keys, np.full(len(old_keys), HUGE))
     replay.flush()
-    assert replay.stats()["stale_updates"] - stale_before == len(old_keys)
+    assert replay.stats(wait=True)["stale_updates"] - stale_before == len(old_keys)
 
     # Fewer rows than min_size_to_sample: sampling waits again, then times out.
     replay.add(rows(100, 4), priorities=np.ones(4))
@@ -161,13 +161,13 @@ def test_distributed_replay_clear(replay):
     replay.add(rows(120, 16), priorities=np.ones(16))
     replay.add(rows(136, 4), priorities=np.ones(4))
     replay.flush()
-    assert replay.stats()["size_per_shard"] == [20, 20]
+    assert replay.stats(wait=True)["size_per_shard"] == [20, 20]
     assert len(replay.sample(8).keys) == 8  # sampling works again at once
     # Old keys are stale again and their huge priorities never reach the new rows.
-    before = replay.stats()["stale_updates"]
+    before = replay.stats(wait=True)["stale_updates"]
     replay.update_priorities(old_keys, np.full(len(old_keys), HUGE))
     replay.flush()
-    assert replay.stats()["stale_updates"] - before == len(old_keys)
+    assert replay.stats(wait=True)["stale_updates"] - before == len(old_keys)
     p1 = float(td_priorities(np.array(1.0), alpha=ALPHA, eps=EPS))
     for status in replay.refresh():
         assert status.total_priority == pytest.approx(20 * p1, rel=1e-9)

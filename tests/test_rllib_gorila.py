@@ -77,6 +77,7 @@ def test_registered_with_tune_and_rllib(ray_session):
         (lambda c: c.training(n_step=(1, 3)), "n_step"),
         (lambda c: c.training(num_atoms=51), "num_atoms"),
         (lambda c: c.training(noisy=True), "noisy"),
+        (lambda c: c.training(target_network_update_freq=500), "target_update_every_n_updates"),
         (lambda c: c.replay(alpha=-0.5), "alpha"),
         (lambda c: c.replay(beta=2.0), "beta"),
         (lambda c: c.replay(num_shards=0), "num_shards"),
@@ -150,20 +151,22 @@ def test_checkpoint_restores_weights_and_replay(algo, tmp_path):
     saved_sizes = manifest["size_per_shard"]
     # The runners go on inserting while the shards are saved: the checkpoint holds each shard
     # as it was when saved, never more than it holds afterwards.
-    sizes_now = algo._replay.stats()["size_per_shard"]
+    sizes_now = algo._replay.stats(wait=True)["size_per_shard"]
     assert all(0 < saved <= now for saved, now in zip(saved_sizes, sizes_now, strict=True))
     saved_weights = {k: v.clone() for k, v in algo.get_module().state_dict().items()}
 
     restored = small_config().build_algo()
     try:
         restored.restore_from_path(path)
-        stats = restored._replay.stats()
+        stats = restored._replay.stats(wait=True)
         assert stats["size_per_shard"] == saved_sizes
         for key, value in restored.get_module().state_dict().items():
             torch.testing.assert_close(value, saved_weights[key])
         # Learning continues from there.
         restored.train()
-        assert restored._replay.stats()["num_inserted"] > sum(manifest["num_inserted_per_shard"])
+        assert restored._replay.stats(wait=True)["num_inserted"] > sum(
+            manifest["num_inserted_per_shard"]
+        )
     finally:
         restored.stop()
     # RLlib's own entry point rebuilds the algorithm and its replay from the checkpoint.
@@ -171,7 +174,7 @@ def test_checkpoint_restores_weights_and_replay(algo, tmp_path):
 
     rebuilt = GorilaDQN.from_checkpoint(path)
     try:
-        assert rebuilt._replay.stats()["size_per_shard"] == saved_sizes
+        assert rebuilt._replay.stats(wait=True)["size_per_shard"] == saved_sizes
     finally:
         rebuilt.stop()
 
@@ -211,7 +214,7 @@ def test_restoring_an_older_checkpoint_into_the_running_algorithm_moves_versions
         version = algorithm._learner_weights_version()
         assert version > version_before
         np.testing.assert_allclose(q_values_of(algorithm.get_module(), obs), saved_q, atol=1e-5)
-        held = ray.get(algorithm._param_server.pull_if_newer.remote(-1))
+        held = algorithm._param_server.pull_if_newer(-1)
         assert held.version == version
         if central:
             server = algorithm._inference.handle
@@ -224,7 +227,7 @@ def test_restoring_an_older_checkpoint_into_the_running_algorithm_moves_versions
             np.testing.assert_allclose(reply.outputs["q_values"], saved_q, atol=1e-5)
         else:
             pulled = algorithm.env_runner_group.foreach_env_runner(
-                lambda runner: (runner._pull_weights(), runner.weights_version)[1],
+                lambda runner: (runner.pull_weights(), runner.weights_version)[1],
                 local_env_runner=False,
             )
             assert pulled == [version, version]
@@ -263,7 +266,7 @@ def test_stop_does_not_wait_on_runners_blocked_by_the_rate_limiter(ray_session):
             assert time.monotonic() < deadline, inserted
             result = algorithm.train()
             time.sleep(1.0)
-            inserted.append(algorithm._replay.stats()["num_inserted"])
+            inserted.append(algorithm._replay.stats(wait=True)["num_inserted"])
         assert result["gorila"]["replay_samples_per_insert"] < 1000.0  # the learner is behind
     finally:
         started = time.monotonic()
@@ -279,13 +282,16 @@ def test_killed_env_runner_restarts_and_training_continues(ray_session):
         algorithm.train()
         victim = algorithm.env_runner_group._worker_manager._actors[1]
         ray.kill(victim, no_restart=False)
-        steps_before = algorithm._replay.stats()["num_inserted"]
+        steps_before = algorithm._replay.stats(wait=True)["num_inserted"]
         deadline = time.monotonic() + 120
         healthy = 0
         while time.monotonic() < deadline:
             result = algorithm.train()
             healthy = result["gorila"]["num_healthy_env_runners"]
-            if healthy == 2 and algorithm._replay.stats()["num_inserted"] > steps_before + 2000:
+            if (
+                healthy == 2
+                and algorithm._replay.stats(wait=True)["num_inserted"] > steps_before + 2000
+            ):
                 break
         assert healthy == 2
         # The restarted runner acts again (it got the replay handle back) with its own epsilon.
@@ -406,7 +412,7 @@ def test_learner_loss_is_the_core_double_dqn_loss_with_weights(algo, loss_type):
     from ray.rllib.core import DEFAULT_MODULE_ID
     from ray.rllib.core.columns import Columns
 
-    from rl_dist_ext.ops.priorities import double_dqn_loss
+    from rl_dist_ext.ops.dqn import double_dqn_loss
     from rllib_plugins.gorila_learner import DISCOUNTS, WEIGHTS
 
     learner = algo.learner_group._learner
@@ -488,12 +494,12 @@ def test_killed_replay_shard_is_survived_and_reported(ray_session, tmp_path):
     try:
         algorithm.train()
         ray.kill(algorithm._replay.handles[0], no_restart=False)
-        inserted_before = algorithm._replay.stats()["num_inserted"]
+        inserted_before = algorithm._replay.stats(wait=True)["num_inserted"]
         failures = 0
         for _ in range(6):
             result = algorithm.train()
             failures = max(failures, result["gorila"]["replay_shard_failures"])
-        stats = algorithm._replay.stats()
+        stats = algorithm._replay.stats(wait=True)
         assert stats["shards_alive"] == 2
         assert stats["num_inserted"] > inserted_before  # acting and learning went on
         # The learner's client saw the failure (a failed call or a restarted incarnation).

@@ -655,7 +655,7 @@ def seed_algo(ray_session):
 def test_seed_mode_reports_server_metrics_and_policy_lag(seed_algo):
     algorithm, _ = seed_algo
     history = []
-    for _ in range(30):  # until the learner has published >= 6 versions
+    for _ in range(30):  # until the learner has made >= 6 gradient updates
         result = algorithm.train()
         metrics = result["central_inference"]
         history.append((metrics["version"], metrics["policy_lag"]))
@@ -670,7 +670,7 @@ def test_seed_mode_reports_server_metrics_and_policy_lag(seed_algo):
     assert metrics["version"] >= 6, history
     # The push is fire-and-forget: the stats may be read just before the latest one lands.
     pushed = algorithm._inference.version
-    assert pushed - 1 <= metrics["version"] <= pushed, (metrics["version"], pushed)
+    assert metrics["version"] <= pushed, (metrics["version"], pushed)
     deadline = time.monotonic() + 30
     while ray.get(algorithm._inference.handle.get_version.remote()) != pushed:
         assert time.monotonic() < deadline, "the server never got the latest weights"

@@ -171,16 +171,16 @@ def test_target_network_is_hard_updated_every_target_update_freq_steps():
     def target_params():
         return [p.detach().clone() for p in algo.model_old.parameters()]
 
-    before_step = []
+    after_step = {0: online_params()}
     with policy_within_training_step(algo.policy):
-        for step in range(8):
-            before_step.append(online_params())
+        for step in range(1, 9):
             algo._update_with_batch(batch)
-            synced_at = (step // 3) * 3  # the update runs before gradient steps 0, 3, 6
-            for target, online in zip(target_params(), before_step[synced_at], strict=True):
+            after_step[step] = online_params()
+            synced_at = (step // 3) * 3  # the core step syncs after gradient updates 3, 6
+            for target, online in zip(target_params(), after_step[synced_at], strict=True):
                 torch.testing.assert_close(target, online, rtol=0, atol=0)
-            assert any(
-                not torch.equal(t, o) for t, o in zip(target_params(), online_params(), strict=True)
+            assert (step % 3 == 0) == all(
+                torch.equal(t, o) for t, o in zip(target_params(), online_params(), strict=True)
             )
     assert algo.num_gradient_updates == 8
 
@@ -197,7 +197,6 @@ def test_state_dict_round_trips_counters_and_optimizer():
     restored = make_algo(seed=1, target_update_freq=4)
     restored.load_state_dict(torch.load(data))
     assert restored.num_gradient_updates == 5
-    assert restored._iter == algo._iter == 5
     for key, value in algo.policy.state_dict().items():
         torch.testing.assert_close(restored.policy.state_dict()[key], value)
     saved_optim, loaded_optim = algo.optim.state_dict(), restored.optim.state_dict()
@@ -207,10 +206,10 @@ def test_state_dict_round_trips_counters_and_optimizer():
         torch.testing.assert_close(loaded_optim["state"][key]["step"], state["step"])
     # Restored weights are a new weights version (one past the saved 5), and the restored
     # counters drive the next target update and version.
-    assert restored.weights_for_actors()[1] == 6
+    assert restored.weights_version == 6
     with policy_within_training_step(restored.policy):
         restored._update_with_batch(hand_batch(seed=9))
-    assert restored.weights_for_actors()[1] == 7
+    assert restored.weights_version == 7
     assert restored.num_gradient_updates == 6
 
 
@@ -267,7 +266,7 @@ def test_unstarted_buffer_is_empty_and_does_not_pickle():
     buffer = make_buffer()
     assert not buffer.started
     assert len(buffer) == 0
-    assert buffer.stats()["size"] == 0
+    assert buffer.stats(wait=True)["size"] == 0
     assert buffer.maxsize == 4_000
     with pytest.raises(TypeError, match="save"):
         pickle.dumps(buffer)
@@ -354,9 +353,9 @@ def test_buffer_round_trip_through_tianshou_api(started_buffer, tmp_path):
     buffer.client.add(transitions(64), np.full(64, 1e-3))
     buffer.update_weight(keys, np.full(16, 1e6))
     buffer.client.flush()
-    assert buffer.stats()["stale_updates"] >= 16
+    assert buffer.stats(wait=True)["stale_updates"] >= 16
     assert len(buffer) == 64
-    assert buffer.stats()["size"] == 64
+    assert buffer.stats(wait=True)["size"] == 64
 
 
 @pytest.mark.ray
@@ -591,7 +590,7 @@ def test_checkpoint_restores_weights_counters_and_replay(cluster, tmp_path):
     with make_buffer() as new_buffer:
         new_buffer.restore(str(tmp_path / "replay"))
         assert len(new_buffer) == saved_len
-        inserted = new_buffer.stats()["num_inserted"]
+        inserted = new_buffer.stats(wait=True)["num_inserted"]
         collector = make_collector(restored, new_buffer)
         try:
             stats = collector.collect(n_step=64)
@@ -600,7 +599,7 @@ def test_checkpoint_restores_weights_counters_and_replay(cluster, tmp_path):
             gradient_steps(restored, new_buffer, 8)
             assert restored.num_gradient_updates == 32
             assert collector.collect(n_step=64).weights_version == 33
-            assert new_buffer.stats()["num_inserted"] > inserted
+            assert new_buffer.stats(wait=True)["num_inserted"] > inserted
         finally:
             collector.close()
 
@@ -609,8 +608,6 @@ def test_restoring_an_older_state_into_the_running_algorithm_reaches_the_actors(
     """``load_state_dict`` of an older state: the restored weights get a version newer than any
     published, so the collector publishes them and every actor pulls them."""
     import copy
-
-    import ray
 
     from tianshou_plugins.actor import cpu_state_dict
 
@@ -634,7 +631,7 @@ def test_restoring_an_older_state_into_the_running_algorithm_reaches_the_actors(
                     break
             assert stats.weights_version > version_before
             assert stats.policy_lag_max == 0  # every actor acts with the restored version
-            held = ray.get(collector._weights_server.pull_if_newer.remote(-1))
+            held = collector.env.weights_server.pull_if_newer(-1)
             assert held.version == stats.weights_version
             for key, value in old_weights.items():
                 torch.testing.assert_close(held.weights[key], value)

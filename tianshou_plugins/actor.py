@@ -1,10 +1,11 @@
 """One Gorila actor: Tianshou's own ``Collector`` over ``M`` envs, pushing to the shared replay.
 
 A plain class (unit-testable without Ray); :class:`~tianshou_plugins.GorilaCollector` starts N of
-them as Ray actors. Each call of :meth:`GorilaActor.collect_and_push` pulls newer weights when
-``weight_sync_every_n_steps`` env steps have passed, collects ``steps_per_env`` steps from every
-env with the actor's own epsilon, folds them into n-step transitions with initial priorities from
-the local network (``rl_dist_ext.gorila``), and pushes them to the replay.
+them as Ray actors. Each call of :meth:`GorilaActor.collect_and_push` is one core actor step
+(:class:`rl_dist_ext.gorila.ActorStep`: pull newer weights when ``weight_sync_every_n_steps`` env
+steps have passed, act, fold n-step transitions, initial priorities from the local network,
+push); this class supplies Tianshou's collection of ``steps_per_env`` steps from every env with
+the actor's own epsilon.
 """
 
 from __future__ import annotations
@@ -18,10 +19,10 @@ import numpy as np
 import torch
 from tianshou.algorithm.algorithm_base import policy_within_training_step
 from tianshou.algorithm.modelfree.dqn import DiscreteQLearningPolicy
-from tianshou.data import Collector, VectorReplayBuffer
+from tianshou.data import Collector, CollectStats, VectorReplayBuffer
 from tianshou.env import DummyVectorEnv
 
-from rl_dist_ext.gorila import nstep_batch_with_priorities
+from rl_dist_ext.gorila import ActorStep, Rollout
 
 
 def q_values(model: torch.nn.Module, obs: torch.Tensor) -> torch.Tensor:
@@ -44,7 +45,8 @@ class GorilaActor:
         epsilon: this actor's exploration rate.
         gamma, n_step: discount and horizon of the n-step transitions.
         replay: a ``DistributedReplay`` client.
-        weights_server: the ``ParameterServer`` actor handle.
+        weights_server: the parameter server (``pull_if_newer``; a
+            :class:`~rl_dist_ext.ray_actors.ParameterServerClient` across processes).
         weight_sync_every_n_steps: env steps between weight pulls.
         steps_per_env: env steps per env in one :meth:`collect_and_push`.
         actor_index: this actor's number (seeds and metrics).
@@ -70,11 +72,6 @@ class GorilaActor:
         torch.set_num_threads(1)
         self.actor_index = actor_index
         self.epsilon = float(epsilon)
-        self._gamma = gamma
-        self._n_step = n_step
-        self._replay = replay
-        self._weights_server = weights_server
-        self._sync_every = weight_sync_every_n_steps
         self._steps_per_env = steps_per_env
         self._num_envs = num_envs
         self.policy = copy.deepcopy(policy).to("cpu")
@@ -88,10 +85,23 @@ class GorilaActor:
         self._buffer = VectorReplayBuffer(num_envs * steps_per_env, num_envs)
         self._collector = Collector(self.policy, self.envs, self._buffer, exploration_noise=True)
         self._collector.reset()
-        self.weights_version = -1
-        self._steps_since_pull = 0
-        self.env_steps = 0
-        self._pull_weights()
+        self._step = ActorStep(
+            replay=replay,
+            gamma=gamma,
+            n_step=n_step,
+            weights=weights_server,
+            pull_every_n_steps=weight_sync_every_n_steps,
+            name=f"actor {actor_index}",
+        )
+        self._step.pull_weights(self.policy.load_state_dict)
+
+    @property
+    def weights_version(self) -> int:
+        return self._step.weights_version
+
+    @property
+    def env_steps(self) -> int:
+        return self._step.env_steps
 
     def ready(self) -> int:
         """Answers once the constructor finished (envs built, weights pulled)."""
@@ -102,36 +112,30 @@ class GorilaActor:
         return self._collector.reset_env()
 
     def collect_and_push(self) -> dict[str, Any]:
-        """Collect ``num_envs * steps_per_env`` steps, fold, prioritise, push; return stats."""
-        if self._steps_since_pull >= self._sync_every:
-            self._pull_weights()
-        self._buffer.reset()
-        with policy_within_training_step(self.policy):
-            stats = self._collector.collect(n_step=self._num_envs * self._steps_per_env)
-        rollout = self._rollout()
-        batch = nstep_batch_with_priorities(
-            **rollout,
-            gamma=self._gamma,
-            n_step=self._n_step,
-            q_values=lambda obs: q_values(self.policy.model, obs),
-        )
-        for name, column in batch.transitions.items():
-            if column.dtype.kind == "f" and not np.isfinite(column).all():
-                raise ValueError(
-                    f"actor {self.actor_index}: the environment produced non-finite values in "
-                    f"{name!r}; nothing from this rollout was pushed to the replay"
+        """One core actor step of ``num_envs * steps_per_env`` env steps; return stats."""
+        collected: list[CollectStats] = []
+
+        def act() -> Rollout:
+            self._buffer.reset()
+            with policy_within_training_step(self.policy):
+                collected.append(
+                    self._collector.collect(n_step=self._num_envs * self._steps_per_env)
                 )
-        self._replay.add(batch.transitions, batch.priorities)
-        steps = int(stats.n_collected_steps)
-        self._steps_since_pull += steps
-        self.env_steps += steps
+            return Rollout(self._rollout())
+
+        result = self._step.run(
+            act=act,
+            q_values=lambda obs: q_values(self.policy.model, obs),
+            load_weights=self.policy.load_state_dict,
+        )
+        stats = collected[0]
         return {
             "actor_index": self.actor_index,
-            "env_steps": steps,
+            "env_steps": result.env_steps,
             "episodes": int(stats.n_collected_episodes),
             "returns": np.asarray(stats.returns, dtype=float),
             "lens": np.asarray(stats.lens, dtype=int),
-            "weights_version": self.weights_version,
+            "weights_version": result.weights_version,
             "epsilon": self.epsilon,
         }
 
@@ -151,13 +155,3 @@ class GorilaActor:
             "terminated": stack("terminated", bool),
             "truncated": stack("truncated", bool),
         }
-
-    def _pull_weights(self) -> None:
-        import ray
-
-        latest = ray.get(self._weights_server.pull_if_newer.remote(self.weights_version))
-        self._steps_since_pull = 0
-        if latest is None:
-            return
-        self.policy.load_state_dict(latest.weights)
-        self.weights_version = latest.version

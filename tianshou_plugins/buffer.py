@@ -196,8 +196,9 @@ class DistributedPrioritizedReplayBuffer:
         """Load :meth:`save` output (starts the shards if needed); shard layout must match."""
         self.start().restore(path)
 
-    def stats(self) -> dict[str, Any]:
-        """The replay's sizes, rates, sampler wait and failure counts (see DistributedReplay)."""
+    def stats(self, *, wait: bool = False) -> dict[str, Any]:
+        """The replay's sizes, rates, sampler wait and failure counts (see
+        ``DistributedReplay.stats``: ``wait=True`` asks every shard first)."""
         if self._replay is None:
             return {"size": 0, "num_shards": self._config.num_shards, "shards_alive": 0}
-        return self._replay.stats()
+        return self._replay.stats(wait=wait)

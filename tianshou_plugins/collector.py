@@ -19,7 +19,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import gymnasium as gym
 import numpy as np
@@ -28,10 +28,14 @@ from tianshou.data.collector import BaseCollector, CollectStats
 
 from rl_dist_ext.actor_pool import ActorPool
 from rl_dist_ext.exploration import apex_epsilons
+from rl_dist_ext.params import policy_lag
 from rl_dist_ext.validation import check_int, check_real
 from tianshou_plugins.actor import GorilaActor, cpu_state_dict
 from tianshou_plugins.buffer import DistributedPrioritizedReplayBuffer
 from tianshou_plugins.gorila_dqn import GorilaDQN
+
+if TYPE_CHECKING:
+    from rl_dist_ext.ray_actors import ParameterServerClient
 
 
 @dataclass(kw_only=True)
@@ -112,7 +116,7 @@ class GorilaCollector(BaseCollector[GorilaCollectStats]):
         timeout_s: float = 120.0,
     ) -> None:
         self._algorithm, policy, gamma, n_step = _resolve_policy(policy, gamma, n_step)
-        if not isinstance(buffer, DistributedPrioritizedReplayBuffer):
+        if not isinstance(buffer, DistributedPrioritizedReplayBuffer):  # before Ray starts
             raise TypeError(
                 f"buffer must be a DistributedPrioritizedReplayBuffer, got {type(buffer).__name__}"
             )
@@ -128,30 +132,23 @@ class GorilaCollector(BaseCollector[GorilaCollectStats]):
         self._epsilons = apex_epsilons(num_actors, epsilon_base, epsilon_alpha)
         _check_env_factory(env_factory, policy)
 
-        # BaseCollector.__init__ builds a local vector env and checks a local buffer; this
-        # collector has neither (its envs live in the actors), so it sets the same fields here.
-        self.buffer = buffer
-        self.policy = policy
-        self.env = None
-        self.exploration_noise = True
-        self.raise_on_nan_in_buffer = False  # actors reject non-finite rows before pushing
-        self.collect_stats_class = GorilaCollectStats
-        self.collect_step, self.collect_episode, self.collect_time = 0, 0, 0.0
-        self._action_space = policy.action_space
-        self._is_closed = False
-        self._num_envs = num_actors * envs_per_actor
-        self._timeout_s = float(timeout_s)
-        self._publishes = 0
-        self._published_version = -1
-        self._last_return_time: float | None = None  # set by the first collect()
-        self._pool: ActorPool | None = None
-        self._replay_ready = False
-        self._rows_pushed = 0
-        self._weights_server = None
-
         import ray
 
         from rl_dist_ext.ray_actors import start_parameter_server, start_restartable_actor
+
+        super().__init__(
+            policy,
+            ActorEnvs(num_actors * envs_per_actor, policy.action_space),
+            buffer,
+            exploration_noise=True,
+            collect_stats_class=GorilaCollectStats,
+            raise_on_nan_in_buffer=False,  # the actor step rejects non-finite rows
+        )
+        self._timeout_s = float(timeout_s)
+        self._published_version = -1
+        self._last_return_time: float | None = None  # set by the first collect()
+        self._replay_ready = False
+        self._rows_pushed = 0
 
         if not ray.is_initialized():
             ray.init()
@@ -159,8 +156,8 @@ class GorilaCollector(BaseCollector[GorilaCollectStats]):
         started_buffer = not buffer.started
         try:
             replay = buffer.start()
-            self._weights_server = start_parameter_server()
-            self._publish_weights(block=True)
+            self.env.weights_server = start_parameter_server()
+            self._publish_weights()
             handles = [
                 start_restartable_actor(
                     GorilaActor,
@@ -172,7 +169,7 @@ class GorilaCollector(BaseCollector[GorilaCollectStats]):
                     gamma=gamma,
                     n_step=n_step,
                     replay=replay,
-                    weights_server=self._weights_server,
+                    weights_server=self.env.weights_server,
                     weight_sync_every_n_steps=weight_sync_every_n_steps,
                     steps_per_env=steps_per_env,
                     actor_index=i,
@@ -180,7 +177,7 @@ class GorilaCollector(BaseCollector[GorilaCollectStats]):
                 )
                 for i in range(num_actors)
             ]
-            self._pool = ActorPool(
+            self.env.pool = ActorPool(
                 handles, "collect_and_push", max_in_flight=max_in_flight_per_actor
             )
             _wait_ready(handles, self._timeout_s)
@@ -191,11 +188,15 @@ class GorilaCollector(BaseCollector[GorilaCollectStats]):
                 buffer.close()
             raise
 
-    # ---- BaseCollector's interface ------------------------------------------------------------
-    @property
-    def env_num(self) -> int:
-        return self._num_envs
+    def _validate_buffer(self) -> None:
+        """BaseCollector's check, for this collector's kind of buffer: the distributed one."""
+        if not isinstance(self.buffer, DistributedPrioritizedReplayBuffer):
+            raise TypeError(
+                "buffer must be a DistributedPrioritizedReplayBuffer, got "
+                f"{type(self.buffer).__name__}"
+            )
 
+    # ---- BaseCollector's interface ------------------------------------------------------------
     @property
     def epsilons(self) -> np.ndarray:
         """``[num_actors]`` each actor's exploration rate."""
@@ -245,38 +246,28 @@ class GorilaCollector(BaseCollector[GorilaCollectStats]):
 
     def close(self) -> None:
         """Stop the actors and the weights server (the replay buffer keeps running)."""
-        import ray
-
-        if self._pool is not None:
-            self._pool.close()
-            self._pool = None
-        if self._weights_server is not None:
-            ray.kill(self._weights_server, no_restart=True)
-            self._weights_server = None
-        self._is_closed = True
+        super().close()  # closes ``self.env``: the actors and the weights server
 
     # ---- internals ----------------------------------------------------------------------------
     @property
     def _actor_pool(self) -> ActorPool:
-        if self._pool is None:
+        if self.env.pool is None:
             raise RuntimeError("this GorilaCollector is closed")
-        return self._pool
+        return self.env.pool
 
-    def _publish_weights(self, *, block: bool = False) -> None:
+    def _publish_weights(self) -> None:
+        """The learner's weights go to the actors each time the trainer turns to acting: the
+        algorithm's learner step publishes them (a bare policy: a new version each call)."""
         if self._algorithm is not None:
-            weights, version = self._algorithm.weights_for_actors()
-        else:
-            weights = cpu_state_dict(self.policy)
-            version = self._publishes
-        if version <= self._published_version:
+            if self._published_version < 0:  # first call: the learner gets the weights server
+                self._published_version = self._algorithm.gorila.connect(
+                    weights=self.env.weights_server
+                )
+            else:
+                self._published_version = self._algorithm.gorila.publish()
             return
-        ref = self._weights_server.publish.remote(weights, version)
-        if block:
-            import ray
-
-            ray.get(ref, timeout=self._timeout_s)
-        self._published_version = version
-        self._publishes += 1
+        self._published_version += 1
+        self.env.weights_server.publish(cpu_state_dict(self.policy), self._published_version)
 
     def _gather(self, *, n_step: int | None, n_episode: int | None) -> list[dict[str, Any]]:
         """Every finished rollout, waiting until they hold ``n_step`` steps or ``n_episode``."""
@@ -323,7 +314,7 @@ class GorilaCollector(BaseCollector[GorilaCollectStats]):
     def _summarise(self, results: list[dict[str, Any]]) -> GorilaCollectStats:
         now = time.monotonic()
         steps = sum(r["env_steps"] for r in results)
-        lags = [self._published_version - r["weights_version"] for r in results]
+        lag = policy_lag(self._published_version, [r["weights_version"] for r in results])
         pool = self._actor_pool.stats
         stats = GorilaCollectStats(
             n_collected_steps=steps,
@@ -332,8 +323,8 @@ class GorilaCollector(BaseCollector[GorilaCollectStats]):
             lens=np.concatenate([r["lens"] for r in results]).astype(int),
             env_steps_per_s=steps / max(now - self._last_return_time, 1e-9),
             weights_version=self._published_version,
-            policy_lag_mean=float(np.mean(lags)),
-            policy_lag_max=float(np.max(lags)),
+            policy_lag_mean=lag.mean,
+            policy_lag_max=lag.max,
             replay={k: v for k, v in self.buffer.stats().items() if k in _REPLAY_STATS},
             actors={
                 "num_actors": len(self._epsilons),
@@ -344,6 +335,29 @@ class GorilaCollector(BaseCollector[GorilaCollectStats]):
         )
         self._last_return_time = now
         return stats
+
+
+class ActorEnvs:
+    """A :class:`GorilaCollector`'s envs as ``BaseCollector`` sees its env (a length, an action
+    space, ``close``): they live in the actors of ``pool``, whose weights come from
+    ``weights_server``; closing stops both."""
+
+    def __init__(self, num_envs: int, action_space: gym.Space) -> None:
+        self._num_envs = num_envs
+        self.action_space = action_space
+        self.pool: ActorPool | None = None
+        self.weights_server: ParameterServerClient | None = None
+
+    def __len__(self) -> int:
+        return self._num_envs
+
+    def close(self) -> None:
+        if self.pool is not None:
+            self.pool.close()
+            self.pool = None
+        if self.weights_server is not None:
+            self.weights_server.close()
+            self.weights_server = None
 
 
 def _resolve_policy(
@@ -408,18 +422,16 @@ def _check_env_factory(env_factory: Any, policy: DiscreteQLearningPolicy) -> Non
 
 
 def _check_cpus(actor_cpus: float, buffer: DistributedPrioritizedReplayBuffer) -> None:
-    import ray
+    from rl_dist_ext.ray_actors import check_resources_fit
 
     wanted = actor_cpus
     if not buffer.started:
         wanted += buffer.config.num_shards * buffer.config.num_cpus_per_shard
-    available = ray.available_resources().get("CPU", 0.0)
-    if wanted > available + 1e-9:
-        raise ValueError(
-            f"the actors (num_actors x num_cpus_per_actor) and replay shards ask for {wanted:g} "
-            f"CPUs but Ray has {available:g} free; lower num_cpus_per_actor (actors mostly "
-            "step envs and wait) or num_actors"
-        )
+    check_resources_fit(
+        "GorilaCollector's actors (num_actors x num_cpus_per_actor) and replay shards",
+        {"CPU": wanted},
+        how_to_lower="lower num_cpus_per_actor (actors mostly step envs and wait) or num_actors",
+    )
 
 
 def _wait_ready(handles: list, timeout_s: float) -> None:

@@ -3,18 +3,20 @@
 Tianshou's DQN computes its n-step targets by walking the buffer (``compute_nstep_return`` calls
 ``buffer.next``), which a remote replay cannot serve. Here the actors fold n-step transitions
 (``rl_dist_ext.gorila``) and the learner uses the shared, importance-weighted double-DQN loss
-(``rl_dist_ext.ops.priorities.double_dqn_loss``, the same function the RLlib learner calls), so
-every loss path, Huber included, applies the weights. One :meth:`GorilaDQN.update` is:
-sample -> gradient step -> priorities back (``buffer.update_priorities(keys, |TD|)``); the target
-network is hard-updated every ``target_update_freq`` gradient steps. The actors get the weights
-through :meth:`GorilaDQN.weights_for_actors`, which the collector publishes with their version:
-one more per gradient step, and after ``load_state_dict`` one more than the newest version
-this algorithm or the loaded state had, so that restored (even older) weights reach the actors.
+(``rl_dist_ext.ops.dqn.double_dqn_loss``, the same function the RLlib learner calls), so every
+loss path, Huber included, applies the weights.
+
+One update runs through Tianshou's own template (``OffPolicyAlgorithm.update``: sample ->
+``_preprocess_batch`` -> ``_update_with_batch`` -> ``_postprocess_batch``), whose hooks call the
+core learner step's phases (:class:`rl_dist_ext.gorila.GorilaLearner`): the gradient step counts
+one weights version and hard-updates the target network every ``target_update_freq`` gradient
+steps; the post-processing sends ``|TD|`` back as priorities. The collector publishes the weights
+(``GorilaLearner.publish``) each time the trainer hands control to acting. Versions count
+gradient updates; loading a state moves the version past every one published before.
 """
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -24,13 +26,17 @@ import torch
 from tianshou.algorithm.algorithm_base import TrainingStats
 from tianshou.algorithm.modelfree.dqn import DQN, DiscreteQLearningPolicy
 from tianshou.algorithm.optim import OptimizerFactory
-from tianshou.data import Batch
-from tianshou.utils.torch_utils import torch_train_mode
+from tianshou.data import Batch, ReplayBuffer
 
-from rl_dist_ext.ops.priorities import DQNLoss, double_dqn_loss
+from rl_dist_ext.gorila import GorilaLearner
+from rl_dist_ext.ops.dqn import DQNLoss, double_dqn_loss
 from rl_dist_ext.validation import check_int, check_real
 from tianshou_plugins.actor import cpu_state_dict, q_values
 from tianshou_plugins.buffer import DistributedPrioritizedReplayBuffer
+
+#: The batch field ``_update_with_batch`` hands to ``_postprocess_batch`` (Tianshou's template
+#: passes only the batch between its hooks).
+TD_ERROR = "td_error"
 
 
 @dataclass(kw_only=True)
@@ -88,50 +94,59 @@ class GorilaDQN(DQN[DiscreteQLearningPolicy]):
             is_double=is_double,
             huber_loss_delta=huber_loss_delta,
         )
-        self.num_gradient_updates = 0
-        self.weights_version = 0
+        self.gorila = GorilaLearner(
+            replay=None,  # Tianshou's template samples; the buffer comes with each update
+            batch_size=None,
+            prioritized=True,
+            target_update_every=target_update_freq,
+            publish_every=1,
+            sync_target=self._update_lagged_network_weights,
+            export_weights=self._actor_weights,
+        )
 
-    # ---- what the actors get ------------------------------------------------------------------
-    def weights_for_actors(self) -> tuple[dict[str, torch.Tensor], int]:
-        """The policy's CPU state dict and its version (see the module docstring)."""
-        return cpu_state_dict(self.policy), self.weights_version
+    def _actor_weights(self) -> dict[str, torch.Tensor]:
+        return cpu_state_dict(self.policy)
 
-    # ---- one update: sample -> gradient step -> priorities -----------------------------------
-    def update(
-        self, buffer: DistributedPrioritizedReplayBuffer, sample_size: int | None
-    ) -> GorilaTrainingStats:
+    @property
+    def num_gradient_updates(self) -> int:
+        return self.gorila.num_gradient_updates
+
+    @property
+    def weights_version(self) -> int:
+        return self.gorila.weights_version
+
+    # ---- Tianshou's update template -----------------------------------------------------------
+    def update(self, buffer: ReplayBuffer, sample_size: int | None) -> TrainingStats:
+        """Tianshou's update, from the distributed buffer only (checked before it samples)."""
         if not isinstance(buffer, DistributedPrioritizedReplayBuffer):
             raise TypeError(
                 "GorilaDQN learns from actor-folded n-step rows: buffer must be a "
                 f"DistributedPrioritizedReplayBuffer, got {type(buffer).__name__}"
             )
-        if not self.policy.is_within_training_step:
-            raise RuntimeError(
-                "update() was called outside of a training step; use Tianshou's trainer or "
-                "wrap the call in tianshou.utils.torch_utils.policy_within_training_step"
-            )
-        started = time.time()
-        batch, keys = buffer.sample(sample_size)
-        with torch_train_mode(self):
-            out = self._gradient_step(batch)
-        buffer.update_priorities(keys, out.td_error.abs().cpu().numpy())
-        for scheduler in self.lr_schedulers:
-            scheduler.step()
-        stats = self._stats(out)
-        stats.train_time = time.time() - started
-        return stats
+        return super().update(buffer, sample_size)
 
-    def _update_with_batch(self, batch: Batch) -> GorilaTrainingStats:
-        """A gradient step on a sampled batch (no priority update; :meth:`update` does that)."""
-        return self._stats(self._gradient_step(batch))
+    def _preprocess_batch(
+        self, batch: Batch, buffer: ReplayBuffer, indices: np.ndarray
+    ) -> Batch:  # type: ignore[override]
+        """Targets come folded from the actors; priorities go back to ``buffer``."""
+        self.gorila.replay = buffer
+        return batch
 
-    def _gradient_step(self, batch: Batch) -> DQNLoss:
-        self._periodically_update_lagged_network_weights()  # every target_update_freq steps
+    def _update_with_batch(self, batch: Batch) -> GorilaTrainingStats:  # type: ignore[override]
+        """One gradient step; counts a weights version and syncs the target every C."""
         out = self.compute_loss(batch)
         self.optim.step(out.loss)
-        self.num_gradient_updates += 1
-        self.weights_version += 1
-        return out
+        self.gorila.after_gradient_step()
+        batch[TD_ERROR] = out.td_error.cpu().numpy()
+        return GorilaTrainingStats(
+            loss=float(out.loss.detach()),
+            q_mean=float(out.q_selected.mean()),
+            td_error_abs_mean=float(out.td_error.abs().mean()),
+        )
+
+    def _postprocess_batch(self, batch: Batch, buffer: ReplayBuffer, indices: np.ndarray) -> None:  # type: ignore[override]
+        """New priorities ``|TD|`` through the one typed call (``indices`` are replay keys)."""
+        self.gorila.send_priorities(indices, batch[TD_ERROR])
 
     def compute_loss(self, batch: Batch) -> DQNLoss:
         """The shared double-DQN loss on a batch from ``DistributedPrioritizedReplayBuffer``."""
@@ -159,32 +174,10 @@ class GorilaDQN(DQN[DiscreteQLearningPolicy]):
             huber_delta=1.0 if self.huber_loss_delta is None else float(self.huber_loss_delta),
         )
 
-    @staticmethod
-    def _stats(out: DQNLoss) -> GorilaTrainingStats:
-        return GorilaTrainingStats(
-            loss=float(out.loss.detach()),
-            q_mean=float(out.q_selected.mean()),
-            td_error_abs_mean=float(out.td_error.abs().mean()),
-        )
-
-    # ---- Tianshou's buffer-walking n-step path does not apply ---------------------------------
-    def _preprocess_batch(self, batch, buffer, indices):  # type: ignore[override]
-        return batch  # targets come folded from the actors
-
-    def _target_q(self, buffer, indices):  # type: ignore[override]
-        raise TypeError("GorilaDQN's targets come from actor-folded n-step rows, not the buffer")
-
     # ---- counters travel with state_dict() ----------------------------------------------------
     def get_extra_state(self) -> dict[str, int]:
-        return {
-            "num_gradient_updates": self.num_gradient_updates,
-            "weights_version": self.weights_version,
-            "iter": self._iter,
-        }
+        return self.gorila.state_dict()
 
     def set_extra_state(self, state: dict[str, int]) -> None:
-        self.num_gradient_updates = int(state["num_gradient_updates"])
-        self._iter = int(state["iter"])
-        restored = int(state.get("weights_version", self.num_gradient_updates))
-        # New weights need a new version, newer than anything published before the restore.
-        self.weights_version = max(self.weights_version, restored) + 1
+        """Restore the counters; the version moves past every one published before."""
+        self.gorila.load_state_dict(state)

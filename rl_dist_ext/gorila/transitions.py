@@ -1,9 +1,9 @@
-"""Actor-side Gorila / Ape-X step shared by the RLlib and Tianshou adapters.
+"""What a Gorila actor pushes: n-step transitions with initial priorities.
 
 An actor folds its rollout into n-step transitions and computes their initial priorities with its
 local network before pushing them to replay (Horgan et al. 2018, section 3). The local network is
 an online copy only, so the initial TD error uses it for both action selection and evaluation.
-The learner-side loss is :func:`rl_dist_ext.ops.priorities.double_dqn_loss`.
+The learner-side loss is :func:`rl_dist_ext.ops.dqn.double_dqn_loss`.
 """
 
 from __future__ import annotations
@@ -14,11 +14,13 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
+from rl_dist_ext.ops.dqn import double_dqn_td_error
 from rl_dist_ext.ops.nstep import flatten_time_batch, fold_nstep
-from rl_dist_ext.ops.priorities import double_dqn_td_error
 
 #: Column names of a Gorila replay row (what actors push and learners sample).
 TRANSITION_COLUMNS = ("obs", "action", "reward", "discount", "next_obs")
+#: Column names of an actor's time-major ``[T, B]`` rollout (what the framework's acting gives).
+ROLLOUT_COLUMNS = ("obs", "actions", "rewards", "next_obs", "terminated", "truncated")
 
 
 class ActorBatch(NamedTuple):
@@ -70,3 +72,13 @@ def nstep_batch_with_priorities(
             q_target_tp1=q_tp1,
         ).td_error
     return ActorBatch(transitions, td.abs().double().cpu().numpy())
+
+
+def check_finite(transitions: dict[str, np.ndarray], *, source: str) -> None:
+    """Raise ``ValueError`` naming ``source`` and the column if a float column is not finite."""
+    for name, column in transitions.items():
+        if column.dtype.kind == "f" and not np.isfinite(column).all():
+            raise ValueError(
+                f"{source}: the environment produced non-finite values in {name!r}; nothing "
+                "from this rollout was pushed to the replay"
+            )

@@ -1,0 +1,172 @@
+"""The Gorila / Ape-X learner step, written once for every adapter.
+
+One update: sample a prioritized batch -> gradient step on the importance-weighted double-DQN loss
+(:func:`rl_dist_ext.ops.dqn.double_dqn_loss`) -> new priorities ``|TD|`` back through
+``update_priorities(keys, priorities)`` -> hard target update every ``target_update_every``
+gradient updates -> weights published every ``publish_every`` updates. Versions count gradient
+updates (:class:`rl_dist_ext.params.WeightsVersion`).
+
+:meth:`GorilaLearner.update` runs the whole update for loops that own their training step (the
+RLlib learner, the core example). A framework whose own update template already samples and
+calls hooks (Tianshou) calls the phases from those hooks: :meth:`after_gradient_step` where its
+gradients are applied, :meth:`send_priorities` after, :meth:`publish` when it hands control to
+acting. The adapter supplies the framework parts: the gradient step, how to copy the online
+network into the target network, and how to export weights for actors.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any, NamedTuple, Protocol
+
+import numpy as np
+import torch
+
+from rl_dist_ext.params import WeightsVersion
+from rl_dist_ext.replay.prioritized import ReplaySample
+from rl_dist_ext.validation import check_int
+
+
+class LearnerReplay(Protocol):
+    def sample(self, batch_size: int, *, beta: float) -> ReplaySample: ...
+
+    def update_priorities(self, keys: np.ndarray, priorities: np.ndarray) -> Any: ...
+
+
+class WeightsSink(Protocol):
+    def publish(self, weights: Any, version: int) -> int: ...
+
+
+class UpdateStats(NamedTuple):
+    num_updates: int
+    seconds: float
+    sample_wait_s: float  # of ``seconds``, waiting for the replay
+
+
+class GorilaLearner:
+    """The learner's schedule and its replay/weights traffic; see the module docstring.
+
+    Args:
+        replay: sampled from and given priorities (``None`` when the framework samples, e.g.
+            Tianshou's template; then only the priority and publish phases are used).
+        batch_size: rows per gradient update (``None`` when the framework samples).
+        prioritized: send ``|TD|`` back as new priorities.
+        target_update_every: gradient updates between hard target updates (Gorila's C).
+        publish_every: gradient updates between weight publishes (when a sink is connected).
+        sync_target: copies the online network into the target network.
+        export_weights: the online weights as actors load them (called at publish only).
+    """
+
+    def __init__(
+        self,
+        *,
+        replay: LearnerReplay | None,
+        batch_size: int | None,
+        prioritized: bool,
+        target_update_every: int,
+        publish_every: int,
+        sync_target: Callable[[], None],
+        export_weights: Callable[[], Any],
+    ) -> None:
+        self.replay = replay
+        self.batch_size = None if batch_size is None else check_int("batch_size", batch_size, 1)
+        self.prioritized = prioritized
+        self.target_update_every = check_int("target_update_every", target_update_every, 1)
+        self.publish_every = check_int("publish_every", publish_every, 1)
+        self._sync_target = sync_target
+        self._export_weights = export_weights
+        self.clock = WeightsVersion()
+        self.num_target_updates = 0
+        self._sink: WeightsSink | None = None
+        self._published_version = -1
+
+    @property
+    def num_gradient_updates(self) -> int:
+        return self.clock.num_gradient_updates
+
+    @property
+    def weights_version(self) -> int:
+        return self.clock.version
+
+    # ---- wiring -------------------------------------------------------------------------------
+    def connect(self, *, replay: LearnerReplay | None = None, weights: WeightsSink | None) -> int:
+        """Take the replay (if given) and the weights sink; publish the current weights."""
+        if replay is not None:
+            self.replay = replay
+        self._sink = weights
+        self._published_version = -1
+        return self.publish()
+
+    # ---- the phases ---------------------------------------------------------------------------
+    def sample(self, beta: float) -> ReplaySample:
+        if self.replay is None or self.batch_size is None:
+            raise RuntimeError("GorilaLearner.sample() needs a replay and a batch_size")
+        return self.replay.sample(self.batch_size, beta=beta)
+
+    def after_gradient_step(self) -> None:
+        """Count the update that was just applied; every C-th, sync the target network."""
+        self.clock.advance()
+        if self.clock.num_gradient_updates % self.target_update_every == 0:
+            self._sync_target()
+            self.num_target_updates += 1
+
+    def send_priorities(self, keys: np.ndarray, td_error: torch.Tensor | np.ndarray) -> None:
+        """New priorities ``|td_error|`` for the sampled ``keys`` (if prioritized)."""
+        if not self.prioritized:
+            return
+        if isinstance(td_error, torch.Tensor):
+            td_error = td_error.detach().cpu().numpy()
+        self.replay.update_priorities(keys, np.abs(td_error))
+
+    def publish(self) -> int:
+        """Publish the current weights unless this version already went out; returns it."""
+        version = self.clock.version
+        if self._sink is not None and version != self._published_version:
+            self._sink.publish(self._export_weights(), version)
+            self._published_version = version
+        return version
+
+    # ---- the whole update, for loops that own their step --------------------------------------
+    def update(
+        self, num_updates: int, *, beta: float, gradient_step: Callable[[ReplaySample], Any]
+    ) -> UpdateStats:
+        """``num_updates`` x [sample, gradient step, priorities back, publish if due].
+
+        ``gradient_step(sample)`` applies one gradient step, calls :meth:`after_gradient_step`
+        once where its framework finishes the step (RLlib's ``after_gradient_based_update``
+        hook), and returns the ``[B]`` TD errors.
+        """
+        started = time.monotonic()
+        wait = 0.0
+        for _ in range(num_updates):
+            t0 = time.monotonic()
+            sample = self.sample(beta)
+            wait += time.monotonic() - t0
+            updates_before = self.clock.num_gradient_updates
+            td_error = gradient_step(sample)
+            if self.clock.num_gradient_updates != updates_before + 1:
+                raise RuntimeError(
+                    "gradient_step must apply exactly one update and call "
+                    "GorilaLearner.after_gradient_step() once"
+                )
+            self.send_priorities(sample.keys, td_error)
+            if self.clock.num_gradient_updates % self.publish_every == 0:
+                self.publish()
+        return UpdateStats(num_updates, time.monotonic() - started, wait)
+
+    def __getstate__(self) -> dict[str, Any]:
+        """Pickled (e.g. with a whole framework algorithm), the learner leaves its replay and
+        weights connections behind: they belong to the running process."""
+        state = self.__dict__.copy()
+        state.update(replay=None, _sink=None, _published_version=-1)
+        return state
+
+    # ---- checkpoints --------------------------------------------------------------------------
+    def state_dict(self) -> dict[str, int]:
+        return {**self.clock.state_dict(), "num_target_updates": self.num_target_updates}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        """Restore the counters; the version moves past every one published before."""
+        self.clock.load_state_dict(state)
+        self.num_target_updates = int(state.get("num_target_updates", 0))

@@ -1,0 +1,50 @@
+"""Checkpoints of the whole distributed replay: every shard's file plus a manifest.
+
+``save`` writes each shard as it is when the request reaches it (actors may go on inserting
+meanwhile); the manifest records the config and each shard's saved size and insert count.
+``restore`` checks the manifest against the running replay's shard count, capacity, alpha and eps
+before any shard loads. A shard that is restarting is asked again until ``timeout_s``.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict
+
+from rl_dist_ext.replay import snapshot
+from rl_dist_ext.replay.distributed.config import DistributedReplayConfig
+from rl_dist_ext.replay.distributed.shards import ShardSet
+from rl_dist_ext.replay.shard import ShardStatus
+
+MANIFEST = "manifest.json"
+MUST_MATCH = ("num_shards", "capacity", "alpha", "eps")
+
+
+def shard_file(path: str, shard: int) -> str:
+    return snapshot.join(path, f"shard_{shard}.pkl")
+
+
+def save(shards: ShardSet, path: str) -> None:
+    """Write every shard and the manifest under ``path`` (dir or URI); flush adds first."""
+    statuses: list[ShardStatus] = shards.on_every_shard(
+        "save", lambda i, h: h.save.remote(shard_file(path, i))
+    )
+    manifest = {k: v for k, v in asdict(shards.config).items() if k != "placement_group"}
+    manifest["size_per_shard"] = [status.size for status in statuses]
+    manifest["num_inserted_per_shard"] = [status.num_inserted for status in statuses]
+    snapshot.write_text(snapshot.join(path, MANIFEST), json.dumps(manifest, indent=2))
+
+
+def check_manifest(config: DistributedReplayConfig, path: str) -> None:
+    """Raise unless ``path`` holds a checkpoint this replay can load."""
+    text = snapshot.read_text(snapshot.join(path, MANIFEST))
+    if text is None:
+        raise FileNotFoundError(f"no distributed replay checkpoint at {path!r}")
+    manifest = json.loads(text)
+    for name in MUST_MATCH:
+        if manifest[name] != getattr(config, name):
+            raise ValueError(
+                f"checkpoint at {path!r} has {name}={manifest[name]!r}, this replay has "
+                f"{name}={getattr(config, name)!r}"
+            )
+

@@ -1,0 +1,208 @@
+"""``DistributedReplay``: the picklable client every actor and learner holds.
+
+It starts the shard actors (or, unpickled, reattaches to them) and composes one part per
+concern: :class:`~.shards.ShardSet` (routing and health), :class:`~.inserts.Inserter`,
+:class:`~.sampling.Sampler` and :class:`~.sampling.PriorityUpdater`, and the checkpoint
+functions of :mod:`~.checkpoints`. It holds only actor handles and its config when pickled.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import numpy as np
+
+from rl_dist_ext.replay.distributed import checkpoints
+from rl_dist_ext.replay.distributed.config import DistributedReplayConfig
+from rl_dist_ext.replay.distributed.inserts import Inserter
+from rl_dist_ext.replay.distributed.sampling import PriorityUpdater, Sampler
+from rl_dist_ext.replay.distributed.shards import ShardSet
+from rl_dist_ext.replay.distributed.stats import ReplayStats
+from rl_dist_ext.replay.prioritized import ReplaySample
+from rl_dist_ext.replay.shard import ShardStatus
+
+
+class DistributedReplay:
+    """Client of ``num_shards`` replay shard actors; see :mod:`rl_dist_ext.replay.distributed`.
+
+    Args:
+        config: a :class:`DistributedReplayConfig`. Starting requires Ray (``ray.init()`` is
+            called if it was not).
+    """
+
+    def __init__(self, config: DistributedReplayConfig) -> None:
+        if not isinstance(config, DistributedReplayConfig):
+            raise TypeError(
+                f"config must be a DistributedReplayConfig, got {type(config).__name__}"
+            )
+        import ray
+
+        from rl_dist_ext.ray_actors import check_resources_fit, start_replay_shard
+
+        if not ray.is_initialized():
+            ray.init()
+        if config.placement_group is None:
+            check_resources_fit(
+                f"the replay (num_shards={config.num_shards} x num_cpus_per_shard="
+                f"{config.num_cpus_per_shard})",
+                {"CPU": config.num_shards * config.num_cpus_per_shard},
+                how_to_lower="lower num_cpus_per_shard (shards mostly wait) or num_shards",
+            )
+        handles = [
+            start_replay_shard(
+                spec,
+                num_cpus=config.num_cpus_per_shard,
+                placement_group=config.placement_group,
+                bundle_index=-1 if config.bundle_indices is None else config.bundle_indices[i],
+            )
+            for i, spec in enumerate(config.shard_specs())
+        ]
+        self._setup(config, handles)
+        self.refresh(timeout_s=config.start_timeout_s)
+
+    # ---- pickling: handles and config only ----------------------------------------------------
+    def __reduce__(self):
+        return (_rebuild, (self._config, self._shards.handles))
+
+    def _setup(self, config: DistributedReplayConfig, handles: list) -> None:
+        self._config = config
+        self._shards = ShardSet(config, handles)
+        self._inserter = Inserter(self._shards)
+        self._sampler = Sampler(self._shards)
+        self._priorities = PriorityUpdater(self._shards)
+        self._stats = ReplayStats()
+
+    @property
+    def config(self) -> DistributedReplayConfig:
+        return self._config
+
+    @property
+    def num_shards(self) -> int:
+        return self._shards.num_shards
+
+    @property
+    def handles(self) -> list:
+        return list(self._shards.handles)
+
+    def __len__(self) -> int:
+        """Rows stored over all shards, as of the latest replies."""
+        return sum(v.status.size for v in self._shards.views if v.status is not None)
+
+    # ---- the data path ------------------------------------------------------------------------
+    def add(self, batch: Mapping[str, np.ndarray], priorities: np.ndarray | None = None) -> None:
+        """Send ``B`` rows to one shard without waiting for it (unless too many are in flight).
+
+        Args:
+            batch: column -> ``[B, ...]`` array (the same schema on every call).
+            priorities: ``[B]`` raw priorities (e.g. actor-computed ``|TD error|``) or ``None``.
+        """
+        if not isinstance(batch, Mapping) or not batch:
+            raise TypeError(
+                f"batch must be a non-empty dict[str, np.ndarray], got {type(batch).__name__}"
+            )
+        rows = len(next(iter(batch.values())))
+        if priorities is not None:
+            priorities = np.asarray(priorities, dtype=np.float64)
+            if priorities.shape != (rows,):
+                raise ValueError(f"priorities must have shape ({rows},), got {priorities.shape}")
+        self._shards.poll()
+        self._inserter.add(dict(batch), priorities, rows)
+
+    def sample(self, batch_size: int, *, beta: float = 0.4) -> ReplaySample:
+        """A prioritized batch from one shard, with importance weights normalised over all shards.
+
+        Returns:
+            ``ReplaySample(batch, keys, weights)``: column -> ``[B, ...]``, ``[B]`` int64 global
+            keys for :meth:`update_priorities`, ``[B]`` float32 weights in ``(0, 1]``.
+        """
+        return self._sampler.sample(batch_size, beta=beta)
+
+    def update_priorities(self, keys: np.ndarray, priorities: np.ndarray) -> None:
+        """Send new raw priorities for sampled ``keys``, split by shard, without waiting."""
+        self._priorities.update(keys, priorities)
+
+    def flush(self) -> None:
+        """Wait until every add and priority update made by this client has been applied."""
+        self._priorities.send_gathered()
+        self._inserter.flush()
+        self._priorities.flush()
+
+    # ---- health and stats ---------------------------------------------------------------------
+    def refresh(self, *, timeout_s: float | None = None) -> list[ShardStatus | None]:
+        """Ask every shard for its status now and wait (dead shards are marked down)."""
+        return self._shards.refresh(timeout_s=timeout_s)
+
+    def stats(self, *, wait: bool = False) -> dict[str, Any]:
+        """Sizes, rates, sampler waiting and failure counts, for metrics loggers.
+
+        Without waiting (the default, for training loops): the newest statuses this client
+        has, which its status requests keep at most ``status_refresh_s`` old while it is used.
+        ``wait=True`` asks every shard first and waits for the answers.
+        """
+        if wait:
+            self._shards.refresh()
+        else:
+            self._shards.poll()
+        return self._stats.report(
+            self._shards, self._sampler, self._inserter, self._priorities, self._config
+        )
+
+    # ---- checkpoints --------------------------------------------------------------------------
+    def save(self, path: str) -> None:
+        """Write every shard (rows, priorities, keys, counters) and a manifest under ``path``
+        (dir or URI); see :mod:`~rl_dist_ext.replay.distributed.checkpoints`."""
+        self.flush()
+        checkpoints.save(self._shards, path)
+
+    def restore(self, path: str) -> None:
+        """Load every shard from :meth:`save` output; shard count, capacity and alpha must match."""
+        checkpoints.check_manifest(self._config, path)
+        self._replace_contents(
+            "restore", lambda i, h: h.restore.remote(checkpoints.shard_file(path, i))
+        )
+
+    def clear(self) -> None:
+        """Drop every row in every shard; keys sampled before are stale from now on."""
+        self._replace_contents("clear", lambda i, h: h.clear.remote())
+
+    def _replace_contents(self, what: str, call: Callable[[int, Any], Any]) -> None:
+        """Run ``what`` on every shard after flushing adds and dropping prefetched samples and
+        status requests (they describe the old contents); the shards' replies are the new view."""
+        self.flush()
+        self._sampler.drop()
+        replies = self._shards.on_every_shard(what, call)
+        self._shards.forget()
+        for shard, status in enumerate(replies):
+            self._shards.observe(shard, status)
+
+    # ---- shutdown -----------------------------------------------------------------------------
+    def stop_rate_limiting(self) -> None:
+        """Let every waiting and later insert or sample through, on every shard (without
+        waiting for the replies): call it before stopping the actors and learners of a
+        rate-limited run, so that none of them stays blocked on the limiter."""
+        for handle in self._shards.handles:
+            handle.stop_rate_limiting.remote()
+
+    def close(self) -> None:
+        """Stop the shard actors (their snapshots stay on disk)."""
+        import ray
+
+        for handle in self._shards.handles:
+            ray.kill(handle, no_restart=True)
+        self._inserter.drop()
+        self._sampler.drop()
+        self._priorities.drop()
+        self._shards.forget()
+
+    def __enter__(self) -> DistributedReplay:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _rebuild(config: DistributedReplayConfig, handles: list) -> DistributedReplay:
+    client = DistributedReplay.__new__(DistributedReplay)
+    client._setup(config, handles)
+    return client

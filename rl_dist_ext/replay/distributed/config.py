@@ -1,0 +1,132 @@
+"""Settings of the distributed replay and the errors its client raises (no Ray here)."""
+
+from __future__ import annotations
+
+import math
+import numbers
+from dataclasses import dataclass
+from typing import Any
+
+from rl_dist_ext.ops.priorities import validate_alpha_eps
+from rl_dist_ext.replay import snapshot
+from rl_dist_ext.replay.rate_limiter import RateLimit
+from rl_dist_ext.replay.shard import ShardSpec
+from rl_dist_ext.validation import check_int
+
+
+class ReplayTimeout(TimeoutError):
+    """A replay request got no answer within ``timeout_s``."""
+
+
+class ReplayUnavailable(RuntimeError):
+    """A replay shard (or every one) is down and did not come back in time."""
+
+
+def _positive_or_none(name: str, value: Any) -> None:
+    if value is not None and not (isinstance(value, numbers.Real) and value > 0):
+        raise ValueError(f"{name} must be > 0 or None, got {value!r}")
+
+
+@dataclass(frozen=True, kw_only=True)
+class DistributedReplayConfig:
+    """Settings of a :class:`DistributedReplay`, validated when built (before any actor starts).
+
+    ``capacity`` and ``min_size_to_sample`` are totals over all shards (split evenly);
+    ``samples_per_insert`` and ``error_buffer`` apply to each shard's own inserts and samples.
+    """
+
+    num_shards: int = 2
+    capacity: int = 100_000
+    alpha: float = 0.6
+    eps: float = 1e-6
+    min_size_to_sample: int = 1_000
+    samples_per_insert: float | None = None
+    error_buffer: float | None = None
+    prefetch: int = 2
+    batches_per_request: int = 1
+    max_in_flight_adds: int = 4
+    num_cpus_per_shard: float = 0.25
+    placement_group: Any = None
+    bundle_indices: tuple[int, ...] | None = None
+    snapshot_dir: str | None = None
+    snapshot_every_inserts: int | None = None
+    snapshot_every_s: float | None = None
+    timeout_s: float = 60.0
+    start_timeout_s: float = 120.0
+    retry_down_shard_after_s: float = 1.0
+    status_refresh_s: float = 1.0
+    seed: int | None = None
+
+    def __post_init__(self) -> None:
+        check_int("num_shards", self.num_shards, 1)
+        check_int("capacity", self.capacity, self.num_shards)
+        validate_alpha_eps(self.alpha, self.eps)
+        check_int("min_size_to_sample", self.min_size_to_sample, 1)
+        if self.min_size_to_sample > self.capacity:
+            raise ValueError(
+                f"min_size_to_sample ({self.min_size_to_sample}) must be <= capacity "
+                f"({self.capacity}), or sampling could never start"
+            )
+        check_int("prefetch", self.prefetch, 1)
+        check_int("batches_per_request", self.batches_per_request, 1)
+        check_int("max_in_flight_adds", self.max_in_flight_adds, 1)
+        if not (isinstance(self.num_cpus_per_shard, numbers.Real) and self.num_cpus_per_shard >= 0):
+            raise ValueError(f"num_cpus_per_shard must be >= 0, got {self.num_cpus_per_shard!r}")
+        if self.bundle_indices is not None:
+            if self.placement_group is None:
+                raise ValueError("bundle_indices needs placement_group to be set")
+            if len(self.bundle_indices) != self.num_shards:
+                raise ValueError(
+                    f"bundle_indices must have one entry per shard ({self.num_shards}), "
+                    f"got {self.bundle_indices!r}"
+                )
+        if self.snapshot_every_inserts is not None:
+            check_int("snapshot_every_inserts", self.snapshot_every_inserts, 1)
+        _positive_or_none("snapshot_every_s", self.snapshot_every_s)
+        if self.snapshot_dir is None and (
+            self.snapshot_every_inserts is not None or self.snapshot_every_s is not None
+        ):
+            raise ValueError("snapshot_every_inserts/snapshot_every_s need snapshot_dir to be set")
+        _positive_or_none("timeout_s", self.timeout_s)
+        if self.timeout_s is None:
+            raise ValueError("timeout_s must be > 0 (no request may wait forever)")
+        _positive_or_none("start_timeout_s", self.start_timeout_s)
+        _positive_or_none("retry_down_shard_after_s", self.retry_down_shard_after_s)
+        _positive_or_none("status_refresh_s", self.status_refresh_s)
+        if self.status_refresh_s is None:
+            raise ValueError("status_refresh_s must be > 0 (shard masses must stay current)")
+        if self.seed is not None:
+            check_int("seed", self.seed, 0)
+        self.rate_limit()  # validates samples_per_insert / error_buffer
+
+    @property
+    def capacity_per_shard(self) -> int:
+        return math.ceil(self.capacity / self.num_shards)
+
+    def rate_limit(self) -> RateLimit:
+        return RateLimit(
+            min_size_to_sample=math.ceil(self.min_size_to_sample / self.num_shards),
+            samples_per_insert=self.samples_per_insert,
+            error_buffer=self.error_buffer,
+        )
+
+    def shard_specs(self) -> list[ShardSpec]:
+        return [
+            ShardSpec(
+                shard_index=i,
+                capacity=self.capacity_per_shard,
+                alpha=self.alpha,
+                eps=self.eps,
+                seed=None if self.seed is None else self.seed + i,
+                rate_limit=self.rate_limit(),
+                snapshot_uri=(
+                    None
+                    if self.snapshot_dir is None
+                    else snapshot.join(self.snapshot_dir, f"shard_{i}.pkl")
+                ),
+                snapshot_every_inserts=self.snapshot_every_inserts,
+                snapshot_every_s=self.snapshot_every_s,
+                timeout_s=self.timeout_s,
+            )
+            for i in range(self.num_shards)
+        ]

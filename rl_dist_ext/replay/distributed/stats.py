@@ -1,0 +1,60 @@
+"""What a distributed replay client reports to metrics loggers (from statuses it already has)."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from rl_dist_ext.replay.distributed.config import DistributedReplayConfig
+from rl_dist_ext.replay.distributed.inserts import Inserter
+from rl_dist_ext.replay.distributed.sampling import PriorityUpdater, Sampler
+from rl_dist_ext.replay.distributed.shards import ShardSet
+
+
+class ReplayStats:
+    """Turns one client's view into a flat metrics dict; rates are per second between reports."""
+
+    def __init__(self) -> None:
+        self._last_time: float | None = None
+        self._last_totals = (0, 0)  # (num_inserted, num_sampled)
+
+    def report(
+        self,
+        shards: ShardSet,
+        sampler: Sampler,
+        inserter: Inserter,
+        priorities: PriorityUpdater,
+        config: DistributedReplayConfig,
+    ) -> dict[str, Any]:
+        statuses = shards.statuses()
+        alive = [s for s in statuses if s is not None]
+        now = time.monotonic()
+        inserted = sum(s.num_inserted for s in alive)
+        sampled = sum(s.num_sampled for s in alive)
+        insert_rate = sample_rate = 0.0
+        if self._last_time is not None and now > self._last_time:
+            dt = now - self._last_time
+            insert_rate = max(0, inserted - self._last_totals[0]) / dt
+            sample_rate = max(0, sampled - self._last_totals[1]) / dt
+        self._last_time, self._last_totals = now, (inserted, sampled)
+        first = sampler.first_sample_time
+        sampling_for = now - first if first is not None else 0.0
+        return {
+            "num_shards": shards.num_shards,
+            "shards_alive": len(alive),
+            "size": sum(s.size for s in alive),
+            "size_per_shard": [s.size if s is not None else None for s in statuses],
+            "capacity": config.capacity,
+            "num_inserted": inserted,
+            "num_sampled": sampled,
+            "insert_rate": insert_rate,
+            "sample_rate": sample_rate,
+            "samples_per_insert": sampled / inserted if inserted else 0.0,
+            "sample_wait_s": sampler.wait_s,
+            "sample_wait_fraction": sampler.wait_s / sampling_for if sampling_for > 0 else 0.0,
+            "stale_updates": sum(s.stale_updates for s in alive),
+            "items_lost": shards.items_lost,
+            "shard_failures": shards.shard_failures,
+            "priority_updates_lost": priorities.updates_lost,
+            "adds_rerouted": inserter.adds_rerouted,
+        }
