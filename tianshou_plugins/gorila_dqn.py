@@ -125,9 +125,7 @@ class GorilaDQN(DQN[DiscreteQLearningPolicy]):
             )
         return super().update(buffer, sample_size)
 
-    def _preprocess_batch(
-        self, batch: Batch, buffer: ReplayBuffer, indices: np.ndarray
-    ) -> Batch:  # type: ignore[override]
+    def _preprocess_batch(self, batch: Batch, buffer: ReplayBuffer, indices: np.ndarray) -> Batch:  # type: ignore[override]
         """Targets come folded from the actors; priorities go back to ``buffer``."""
         self.gorila.replay = buffer
         return batch

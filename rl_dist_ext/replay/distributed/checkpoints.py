@@ -47,4 +47,3 @@ def check_manifest(config: DistributedReplayConfig, path: str) -> None:
                 f"checkpoint at {path!r} has {name}={manifest[name]!r}, this replay has "
                 f"{name}={getattr(config, name)!r}"
             )
-
