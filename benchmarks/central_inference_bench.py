@@ -9,16 +9,13 @@ learner weights on the server or the runners). Then the driver keeps every env r
 row counters are read before and after the window: the mean batch size is over the window.
 
 Modes: ``local`` (``central_inference(enabled=False)``: each runner runs its own copy of the
-policy), ``central`` (one inference server on CPU batches all runners' requests),
-``central-G-groups`` (the same, each runner's envs in G groups that take turns, so that one
-group steps while another's request is at the server: ``central_inference(num_env_groups=G)``;
-only where G divides the envs per runner) and, when the driver sees a GPU, ``central-gpu`` (the
-server on the GPU: ``central_inference(num_gpus=1)``).
+policy), ``central`` (one inference server on CPU batches all runners' requests) and, when the
+driver sees a GPU, ``central-gpu`` (the server on the GPU: ``central_inference(num_gpus=1)``).
 
 Writes ``benchmarks/results/central_inference_bench.{json,md}``::
 
     .venv/bin/python benchmarks/central_inference_bench.py [--runners 1 2 4 8] \
-        [--envs-per-runner 1 8] [--env-groups 2] [--seconds 10]
+        [--envs-per-runner 1 8] [--seconds 10]
 """
 
 from __future__ import annotations
@@ -60,24 +57,14 @@ def build_config(env: str, runners: int, envs_per_runner: int, mode: str, args):
             max_wait_ms=args.max_wait_ms,
             num_cpus=args.server_cpus,
             num_gpus=1.0 if mode == "central-gpu" else 0.0,
-            num_env_groups=env_groups_of(mode),
         )
         .reporting(min_time_s_per_iteration=1)
         .debugging(seed=0)
     )
 
 
-def grouped_mode(groups: int) -> str:
-    return f"central-{groups}-groups"
-
-
-def env_groups_of(mode: str) -> int:
-    return int(mode.split("-")[1]) if mode.endswith("-groups") else 1
-
-
-def modes_for(envs_per_runner: int, groups: int, gpu: bool) -> list[str]:
-    grouped = [grouped_mode(groups)] if groups > 1 and envs_per_runner % groups == 0 else []
-    return ["local", "central", *grouped, *(["central-gpu"] if gpu else [])]
+def modes_for(gpu: bool) -> list[str]:
+    return ["local", "central", *(["central-gpu"] if gpu else [])]
 
 
 def server_totals(algo) -> dict[str, float]:
@@ -198,7 +185,6 @@ def main() -> None:
     parser.add_argument("--envs", nargs="+", default=["CartPole-v1", "SlowCartPole-v1"])
     parser.add_argument("--runners", type=int, nargs="+", default=[1, 2, 4, 8])
     parser.add_argument("--envs-per-runner", type=int, nargs="+", default=[1, 8])
-    parser.add_argument("--env-groups", type=int, default=2, help="groups per runner (grouped)")
     parser.add_argument("--cpus-per-runner", type=float, default=0.1, help="Ray CPUs reserved")
     parser.add_argument("--server-cpus", type=float, default=0.2, help="Ray CPUs reserved")
     parser.add_argument("--max-batch-size", type=int, default=64, help="observations per batch")
@@ -214,7 +200,7 @@ def main() -> None:
     for envs_per_runner in args.envs_per_runner:
         for env in args.envs:
             for runners in args.runners:
-                for mode in modes_for(envs_per_runner, args.env_groups, gpu):
+                for mode in modes_for(gpu):
                     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
                     try:
                         row = measure(env, runners, envs_per_runner, mode, args)
@@ -256,8 +242,7 @@ def main() -> None:
         f"{', '.join(map(str, args.runners))} env runners",
         "",
         f"VTrace, {' or '.join(map(str, args.envs_per_runner))} env(s) per runner (one server "
-        "request carries all of a runner's envs, or of one group of them in the "
-        f"central-{args.env_groups}-groups rows), runners sampling "
+        "request carries all of a runner's envs), runners sampling "
         f"{args.chunk}-step chunks back to back for {args.seconds:.0f} s after one warm-up "
         f"iteration (no learning in the window); server batches of <= {args.max_batch_size} "
         f"observations, {args.max_wait_ms} ms wait. Ray with 2 CPUs, "

@@ -99,7 +99,8 @@ def main() -> None:
             runners, gorila = result["env_runners"], result["gorila"]
             env_steps = int(runners.get("num_env_steps_sampled_lifetime", 0))
             train_return = float(runners.get("episode_return_mean", float("nan")))
-            updates = result["learners"].get("__all_modules__", {}).get("num_gradient_updates", 0)
+            learners = result.get("learners", {}).get("__all_modules__", {})
+            updates = learners.get("num_gradient_updates", 0)
             log.info(
                 "iter %3d | env steps %6d | %5.0f steps/s | updates %5d | replay %6d "
                 "(%.1f samples/insert) | policy lag %4.1f | episode return %6.1f",

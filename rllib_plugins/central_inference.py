@@ -6,34 +6,28 @@ Pieces shared by :class:`~rllib_plugins.VTrace` and :class:`~rllib_plugins.Goril
   runs: an RLModule built from its spec on the server's device. ``kind="policy"`` samples
   actions from the module's action distribution and returns them with their log-probs (the
   behaviour log-probs V-trace needs); ``kind="q"`` returns Q-values and greedy actions.
-- :class:`CentralInferenceRunnerMixin`: an env-runner mixin whose module forward passes go to
-  the server instead of a local copy (the local module keeps its initial weights and is only
-  used for its spaces and distribution classes); the weight version of every reply is logged.
-  With ``num_env_groups = G > 1`` a runner's envs are split into G groups that take turns
-  (Sample Factory's double-buffered sampling, G = 2): while one group's request is at the
-  server, the next group steps its envs, so the round trip hides behind env stepping. One group
-  runs at a time (a baton passed at each request), so env steps are not made parallel: only the
-  wait for the server overlaps with them.
+- :class:`ServerInferenceRLModule` and :class:`CentralInferenceRunnerMixin`: in SEED mode an env
+  runner's module is an RLModule whose forward passes ask the server (RLlib's own sampling loop
+  calls it like any module); the runner's local module keeps its initial weights and serves its
+  spaces and distribution classes. The weight version of every reply is logged. Only public
+  RLlib hooks are used: ``make_module`` and the RLModule forward methods.
 - :class:`InferenceServerClient`: the algorithm side: starts the server in the algorithm's
   placement group (its own bundle), pushes the learner's weights, reads the server's metrics.
 """
 
 from __future__ import annotations
 
-import contextlib
 import logging
-import threading
 import time
-from concurrent.futures import ThreadPoolExecutor, wait
-from dataclasses import dataclass, field
+from collections.abc import Callable
 from typing import Any, Literal
 
-import gymnasium as gym
 import numpy as np
 import ray
 import torch
-from gymnasium.wrappers.vector import DictInfoToList
 from ray.rllib.core.columns import Columns
+from ray.rllib.core.rl_module.rl_module import RLModule
+from ray.rllib.core.rl_module.torch.torch_rl_module import TorchRLModule
 from ray.rllib.utils.from_config import NotProvided
 from ray.rllib.utils.numpy import convert_to_numpy
 
@@ -89,193 +83,136 @@ class _PolicyFactory:
         return RLModuleInferencePolicy(self.module_spec, device, self.kind)
 
 
-# Runner attributes that RLlib's ``SingleAgentEnvRunner._sample`` reads and writes per env set:
-# each env group keeps its own copy, swapped in while the group holds the baton.
-_GROUP_STATE = (
-    "env",
-    "num_envs",
-    "_seed",
-    "_ongoing_episodes",
-    "_cached_to_module",
-    "_needs_initial_reset",
-    "_shared_data",
-)
+class ServerInferenceRLModule(TorchRLModule):
+    """An env runner's RLModule in SEED mode: its exploration and inference forward passes ask
+    the inference server; spaces, distribution classes and state are those of the runner's own
+    module (``unwrapped()``), which keeps its initial weights. RLlib's ``TorchDDPRLModule`` wraps
+    a module the same way.
 
+    Args:
+        local: the module RLlib built for the runner.
+        server: the inference server actor.
+        caller: this runner's caller id at the server.
+        to_env_outputs: the server's outputs -> the module outputs the runner's connectors expect
+            (``explore`` says which forward pass asked).
+    """
 
-@dataclass
-class _EnvGroup:
-    """One group of a runner's envs (pipelined sampling): its server caller id and its
-    ``_GROUP_STATE`` while another group runs."""
+    def __init__(
+        self,
+        local: RLModule,
+        *,
+        server: Any,
+        caller: str,
+        to_env_outputs: Callable[..., dict[str, Any]],
+    ) -> None:
+        super().__init__(
+            observation_space=local.observation_space,
+            action_space=local.action_space,
+            inference_only=True,
+            model_config=local.model_config,
+        )
+        self.local = local
+        self.server = server
+        self.caller = caller
+        self._to_env_outputs = to_env_outputs
+        #: Weights version of every reply since the caller last cleared it.
+        self.versions_used: list[int] = []
 
-    caller: str
-    state: dict[str, Any] = field(default_factory=dict)
+    def setup(self) -> None:
+        """Nothing to build: the networks are the local module's (and the server's)."""
 
-
-class CentralInferenceRunnerMixin:
-    """Mix into a ``SingleAgentEnvRunner`` subclass; call :meth:`connect_inference_server`."""
-
-    _inference_server: Any = None
-    _active_group: _EnvGroup | None = None
-    _group_threads: ThreadPoolExecutor | None = None
-
-    def connect_inference_server(self, server: Any) -> int:
-        """Route this runner's module forward passes to ``server``; returns its restart count."""
-        self._inference_server = server
-        self._inference_caller = f"env-runner-{self.worker_index}"
-        self._versions_used: list[int] = []
-        self._env_groups: list[_EnvGroup] = []
-        self._grouped_env: Any = None  # the full vector env the groups were cut from
-        self._baton = threading.Lock()
-        callers = self._group_callers()
-        self._stop_group_threads()  # connected again: the groups are cut afresh
-        if callers:
-            self._group_threads = ThreadPoolExecutor(len(callers), thread_name_prefix="env-group")
-        self.module.forward_exploration = self._central_forward_exploration
-        self.module.forward_inference = self._central_forward_inference
-        restarts = ray.get(server.register.remote(self._inference_caller))
-        ray.get([server.register.remote(caller) for caller in callers])
-        return restarts
-
-    def stop(self) -> None:
-        self._stop_group_threads()
-        super().stop()
-
-    def _stop_group_threads(self) -> None:
-        if self._group_threads is not None:
-            self._group_threads.shutdown(wait=False)
-            self._group_threads = None
-
-    def _group_callers(self) -> list[str]:
-        groups = int(getattr(self.config, "central_inference_num_env_groups", 1))
-        if groups < 2:
-            return []
-        return [f"{self._inference_caller}/envs-{g}" for g in range(groups)]
-
-    # ---- pipelined sampling (num_env_groups > 1) ------------------------------------------------
-    def _sample(self, *, num_timesteps=None, num_episodes=None, explore, **kwargs: Any):
-        """RLlib's ``_sample``, run by each env group in turn when the runner has groups."""
-        groups = self._groups_for_sampling()
-        if not groups or num_timesteps is None:
-            if groups:  # a whole-env sample (episodes) resets the envs under the groups
-                for group in groups:
-                    group.state["_needs_initial_reset"] = True
-            return super()._sample(
-                num_timesteps=num_timesteps, num_episodes=num_episodes, explore=explore, **kwargs
-            )
-        per_group = -(-num_timesteps // len(groups))
-        own_state = {name: getattr(self, name) for name in _GROUP_STATE}
-        futures = [
-            self._group_threads.submit(self._sample_group, group, per_group, explore, kwargs)
-            for group in groups
-        ]
-        wait(futures)  # every group has left the runner before its own state comes back
-        for name, value in own_state.items():
-            setattr(self, name, value)
-        return [episode for future in futures for episode in future.result()]
-
-    def _sample_group(self, group: _EnvGroup, num_timesteps: int, explore: bool, kwargs: dict):
-        with self._baton:
-            self._enter_group(group)
-            try:
-                return super()._sample(num_timesteps=num_timesteps, explore=explore, **kwargs)
-            finally:
-                self._leave_group(group)
-                # Done before the other groups: their batches need not wait for this one.
-                self._inference_server.idle.remote(group.caller)
-
-    def _enter_group(self, group: _EnvGroup) -> None:
-        for name, value in group.state.items():
-            setattr(self, name, value)
-        self._active_group = group
-
-    def _leave_group(self, group: _EnvGroup) -> None:
-        group.state = {name: getattr(self, name) for name in _GROUP_STATE}
-        self._active_group = None
-
-    def _groups_for_sampling(self) -> list[_EnvGroup]:
-        """The env groups (cut from the runner's vector env; again if RLlib rebuilt it)."""
-        if self._group_threads is None:  # not connected, or a single group
-            return []
-        if self._grouped_env is not self.env:
-            self._env_groups = self._cut_env_into_groups(self._group_callers())
-            self._grouped_env = self.env
-        return self._env_groups
-
-    def _cut_env_into_groups(self, callers: list[str]) -> list[_EnvGroup]:
-        """Contiguous slices of the sub-envs, each a vector env of its own; env ``i`` keeps
-        seed ``seed + i``, as in the undivided vector env."""
-        vector_env = self.env.unwrapped
-        if not isinstance(vector_env, gym.vector.SyncVectorEnv):
-            raise TypeError(
-                f"central_inference(num_env_groups={len(callers)}) needs RLlib's sync vector "
-                f"env (env_runners(gym_env_vectorize_mode='sync')), got {type(vector_env)!r}"
-            )
-        size = self.num_envs // len(callers)
-        groups = []
-        for g, caller in enumerate(callers):
-            sub_envs = vector_env.envs[g * size : (g + 1) * size]
-            view = gym.vector.SyncVectorEnv(
-                [lambda env=env: env for env in sub_envs],
-                autoreset_mode=vector_env.autoreset_mode,
-            )
-            view.closed = True  # its sub-envs are the runner's vector env's, which closes them
-            state = {
-                "env": DictInfoToList(view),
-                "num_envs": size,
-                "_seed": None if self._seed is None else self._seed + g * size,
-                "_ongoing_episodes": [None] * size,
-                "_cached_to_module": None,
-                "_needs_initial_reset": True,
-                "_shared_data": None,
-            }
-            groups.append(_EnvGroup(caller, state))
-        return groups
-
-    @contextlib.contextmanager
-    def _baton_passed_while_waiting(self):
-        """In a group: hand the runner to the next group while this one waits for the server."""
-        group = self._active_group
-        if group is None:
-            yield
-            return
-        self._leave_group(group)
-        self._baton.release()
-        try:
-            yield
-        finally:
-            self._baton.acquire()
-            self._enter_group(group)
-
-    def _infer(self, obs: torch.Tensor) -> dict[str, np.ndarray]:
+    def infer(self, obs: Any) -> dict[str, np.ndarray]:
         """One request to the server; waits out a server restart (up to a minute)."""
         obs_np = convert_to_numpy(obs)
-        group = self._active_group
-        caller = group.caller if group is not None else self._inference_caller
         deadline = time.monotonic() + REQUEST_RETRY_S
         while True:
             try:
-                with self._baton_passed_while_waiting():
-                    reply = ray.get(self._inference_server.infer.remote(caller, obs_np))
+                reply = ray.get(self.server.infer.remote(self.caller, obs_np))
                 break
             except (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError):
                 if time.monotonic() > deadline:
                     raise
                 time.sleep(0.1)
-        self._versions_used.append(reply.version)
+        self.versions_used.append(reply.version)
         return reply.outputs
 
-    def pause_inference(self) -> None:
-        """Tell the server this runner sends nothing until its next request (end of a sample),
-        so that its batches do not wait for this runner meanwhile. (Env groups say so
-        themselves when their share of a sample is done.)"""
+    def pause(self) -> None:
+        """Tell the server this caller sends nothing until its next request, so that its
+        batches do not wait for it meanwhile."""
+        self.server.idle.remote(self.caller)
+
+    def _forward_exploration(self, batch: dict, **kwargs: Any) -> dict:
+        return self._to_env_outputs(self.infer(batch[Columns.OBS]), explore=True)
+
+    def _forward_inference(self, batch: dict, **kwargs: Any) -> dict:
+        return self._to_env_outputs(self.infer(batch[Columns.OBS]), explore=False)
+
+    def _forward(self, batch: dict, **kwargs: Any) -> dict:
+        return self._forward_inference(batch, **kwargs)
+
+    def get_inference_action_dist_cls(self, *args: Any, **kwargs: Any):
+        return self.local.get_inference_action_dist_cls(*args, **kwargs)
+
+    def get_exploration_action_dist_cls(self, *args: Any, **kwargs: Any):
+        return self.local.get_exploration_action_dist_cls(*args, **kwargs)
+
+    def get_initial_state(self) -> Any:
+        return self.local.get_initial_state()
+
+    def is_stateful(self) -> bool:
+        return self.local.is_stateful()
+
+    def get_state(self, *args: Any, **kwargs: Any):
+        return self.local.get_state(*args, **kwargs)
+
+    def set_state(self, *args: Any, **kwargs: Any) -> None:
+        self.local.set_state(*args, **kwargs)
+
+    def unwrapped(self) -> RLModule:
+        return self.local
+
+
+class CentralInferenceRunnerMixin:
+    """Mix into a ``SingleAgentEnvRunner`` subclass; :meth:`connect_inference_server` makes its
+    module a :class:`ServerInferenceRLModule` (again whenever RLlib rebuilds the module)."""
+
+    _inference_server: Any = None
+
+    @property
+    def _inference_caller(self) -> str:
+        return f"env-runner-{self.worker_index}"
+
+    def connect_inference_server(self, server: Any) -> int:
+        """Route this runner's module forward passes to ``server``; returns its restart count."""
+        self._inference_server = server
+        self._wrap_module()
+        return ray.get(server.register.remote(self._inference_caller))
+
+    def make_module(self) -> None:
+        super().make_module()
         if self._inference_server is not None:
-            self._inference_server.idle.remote(self._inference_caller)
+            self._wrap_module()
 
-    def _central_forward_exploration(self, batch: dict, **kwargs: Any) -> dict:
-        return self._to_env_outputs(self._infer(batch[Columns.OBS]), explore=True)
+    def _wrap_module(self) -> None:
+        if self.module is None:
+            return
+        self.module = ServerInferenceRLModule(
+            self.module.unwrapped(),
+            server=self._inference_server,
+            caller=self._inference_caller,
+            to_env_outputs=self._to_env_outputs,
+        )
 
-    def _central_forward_inference(self, batch: dict, **kwargs: Any) -> dict:
-        return self._to_env_outputs(self._infer(batch[Columns.OBS]), explore=False)
+    @property
+    def server_module(self) -> ServerInferenceRLModule | None:
+        """The module, when it infers on the server (SEED mode); else ``None``."""
+        return self.module if isinstance(self.module, ServerInferenceRLModule) else None
+
+    def pause_inference(self) -> None:
+        """Tell the server this runner sends nothing until its next request (end of a
+        sample), so that its batches do not wait for this runner meanwhile."""
+        if self.server_module is not None:
+            self.server_module.pause()
 
     def _to_env_outputs(self, outputs: dict[str, np.ndarray], *, explore: bool) -> dict:
         """The module outputs the runner's connectors expect (override per algorithm)."""
@@ -287,11 +224,12 @@ class CentralInferenceRunnerMixin:
         ``window=1``: the latest sample's version, not RLlib's default EMA (coefficient 0.01),
         which would stay near the first versions and make the reported lag grow with training.
         """
-        if self._inference_server is not None and self._versions_used:
+        module = self.server_module
+        if module is not None and module.versions_used:
             self.metrics.log_value(
-                WEIGHTS_VERSION_USED, float(np.mean(self._versions_used)), window=1
+                WEIGHTS_VERSION_USED, float(np.mean(module.versions_used)), window=1
             )
-            self._versions_used.clear()
+            module.versions_used.clear()
 
 
 AUTO = "auto"
@@ -314,7 +252,6 @@ class CentralInferenceSettingsMixin:
         self.central_inference_max_wait_ms = 2.0
         self.central_inference_num_cpus = 1.0
         self.central_inference_num_gpus: float | str = AUTO
-        self.central_inference_num_env_groups = 1
 
     def central_inference(
         self,
@@ -324,7 +261,6 @@ class CentralInferenceSettingsMixin:
         max_wait_ms: float = NotProvided,
         num_cpus: float = NotProvided,
         num_gpus: float | str = NotProvided,
-        num_env_groups: int = NotProvided,
     ):
         """SEED mode: env runners send observations to one batching inference server.
 
@@ -338,10 +274,6 @@ class CentralInferenceSettingsMixin:
             num_cpus, num_gpus: the server actor's resources (its own placement-group bundle);
                 with ``num_gpus > 0`` the server's module runs on the GPU. ``num_gpus="auto"``
                 (default): 0.5 GPU when the cluster has one (shared with the learner), else 0.
-            num_env_groups: split each runner's ``num_envs_per_env_runner`` envs into this many
-                groups that take turns, so that one group steps while another's request is at
-                the server (2 = Sample Factory's double-buffered sampling). Must divide
-                ``num_envs_per_env_runner``; 1 = one request per step of all the envs.
         """
         values = {k: v for k, v in locals().items() if k != "self"}
         set_provided(self, values, {k: f"central_inference_{k}" for k in values})
@@ -370,34 +302,10 @@ class CentralInferenceSettingsMixin:
         check_real("central_inference(num_cpus)", self.central_inference_num_cpus, low=0.0)
         if self.central_inference_num_gpus != AUTO:
             check_real("central_inference(num_gpus)", self.central_inference_num_gpus, low=0.0)
-        groups = self.central_inference_num_env_groups
-        check_int("central_inference(num_env_groups)", groups, 1)
-        if enabled is not False and groups > 1:
-            self._validate_env_groups(groups)
         if enabled is True and self.num_env_runners < 1:
             raise ValueError(
                 "central_inference(enabled=True) needs num_env_runners >= 1 (the server answers "
                 "remote env runners); set env_runners(num_env_runners=...) or disable it"
-            )
-
-    def _validate_env_groups(self, groups: int) -> None:
-        if self.num_envs_per_env_runner % groups:
-            raise ValueError(
-                f"central_inference(num_env_groups={groups}) must divide "
-                f"env_runners(num_envs_per_env_runner={self.num_envs_per_env_runner})"
-            )
-        mode = self.gym_env_vectorize_mode
-        if gym.VectorizeMode(mode) is not gym.VectorizeMode.SYNC:
-            raise ValueError(
-                f"central_inference(num_env_groups={groups}) cuts a runner's sync vector env "
-                f"into groups; env_runners(gym_env_vectorize_mode={mode!r}) is not supported "
-                f"(use 'sync', or num_env_groups=1)"
-            )
-        if self.restart_failed_sub_environments:
-            raise ValueError(
-                f"central_inference(num_env_groups={groups}) is not supported with "
-                f"fault_tolerance(restart_failed_sub_environments=True): a rebuilt env would "
-                f"leave the other groups' envs behind; use num_env_groups=1"
             )
 
     def inference_server_config(self) -> InferenceServerConfig:

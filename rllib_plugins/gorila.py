@@ -104,6 +104,7 @@ class GorilaDQN(DQN):
         self._runner_versions: dict[int, int] = {}
         self._runner_epsilons: dict[int, float] = {}
         self._last_iteration = (time.monotonic(), 0)
+        self._replay_ready = False
 
     def _connect_learner(self) -> None:
         replay, params, server = self._replay, self._param_server, self._inference_handle()
@@ -151,8 +152,11 @@ class GorilaDQN(DQN):
         with self.metrics.log_time((TIMERS, "gorila_act")):
             self._act()
         with self.metrics.log_time((TIMERS, "gorila_replay_stats")):
-            replay_stats = self._replay.stats()
-        learned = replay_stats["size"] >= config.replay_min_size_to_sample
+            # Until the replay first holds enough rows, ask the shards (nothing else to do
+            # meanwhile); from then on, read the client's statuses without waiting.
+            replay_stats = self._replay.stats(wait=not self._replay_ready)
+        self._replay_ready |= replay_stats["size"] >= config.replay_min_size_to_sample
+        learned = self._replay_ready
         if learned:
             with self.metrics.log_time((TIMERS, "gorila_learn")):
                 self._learn()

@@ -44,7 +44,7 @@ class GorilaDQNConfig(CentralInferenceSettingsMixin, DQNConfig):
       shards and the driver fit on a 2-core laptop. Runner connector states are not merged
       after each iteration (RLlib's blocking merge would wait behind the runners' requests).
     - ``.central_inference(enabled=False, max_batch_size=64, max_wait_ms=2.0, num_cpus=1.0,
-      num_gpus="auto", num_env_groups=1)``: SEED mode (``num_gpus="auto"``: 0.5 GPU for the
+      num_gpus="auto")``: SEED mode (``num_gpus="auto"``: 0.5 GPU for the
       server when the cluster has one, else 0). Runners send observations to one
       inference server that returns Q-values; each runner still applies its own epsilon and
       computes initial priorities from the server's Q-values. Weights go to the server, not to

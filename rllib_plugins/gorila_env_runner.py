@@ -76,6 +76,11 @@ class GorilaEnvRunner(CentralInferenceRunnerMixin, SingleAgentEnvRunner):
         return float(ladder[min(max(self.worker_index - 1, 0), num - 1)])
 
     @property
+    def connected(self) -> bool:
+        """Whether :meth:`connect` gave this runner its replay (and weights or server)."""
+        return self._actor is not None
+
+    @property
     def weights_version(self) -> int:
         """The version of the weights this runner pulled (-1: none yet, or SEED mode)."""
         return -1 if self._actor is None else self._actor.weights_version
@@ -84,7 +89,7 @@ class GorilaEnvRunner(CentralInferenceRunnerMixin, SingleAgentEnvRunner):
         super().make_module()
         if self.module is not None:
             # Weight syncs replace parameters only, so this per-runner schedule stays in place.
-            self.module.epsilon_schedule = Scheduler(
+            self.module.unwrapped().epsilon_schedule = Scheduler(
                 fixed_value_or_schedule=self.epsilon, framework="torch"
             )
 
@@ -133,17 +138,21 @@ class GorilaEnvRunner(CentralInferenceRunnerMixin, SingleAgentEnvRunner):
         return self._actor
 
     def _act(self, num_steps: int) -> Rollout:
-        if self._inference_server is None:
+        server = self.server_module
+        if server is None:
             return Rollout(episodes_to_rollout(self.sample(num_timesteps=num_steps, explore=True)))
-        self._versions_used.clear()
+        server.versions_used.clear()
         episodes = self.sample(num_timesteps=num_steps, explore=True)
-        used = self._versions_used  # the server's replies while acting
+        used = server.versions_used  # the server's replies while acting
         return Rollout(episodes_to_rollout(episodes), float(np.mean(used)) if used else -1.0)
 
-    def _q_values(self, obs):
-        if self._inference_server is not None:  # SEED mode: the server holds the weights
-            return torch.as_tensor(self._infer(obs)["q_values"])
-        return self.module.compute_q_values({Columns.OBS: obs.to(self._device)})[QF_PREDS]
+    def _q_values(self, obs: torch.Tensor) -> torch.Tensor:
+        server = self.server_module
+        if server is not None:  # SEED mode: the server holds the weights
+            return torch.as_tensor(server.infer(obs)["q_values"])
+        module = self.module
+        device = next(module.parameters()).device
+        return module.compute_q_values({Columns.OBS: obs.to(device)})[QF_PREDS]
 
     def _to_env_outputs(self, outputs, *, explore: bool) -> dict:
         """SEED mode: greedy actions from the server's Q-values, then this runner's epsilon."""

@@ -29,7 +29,7 @@ from ray.rllib.policy.sample_batch import MultiAgentBatch, SampleBatch
 from ray.rllib.utils.metrics import ALL_MODULES, NUM_TARGET_UPDATES
 from ray.rllib.utils.numpy import convert_to_numpy
 
-from rl_dist_ext.gorila import GorilaLearner
+from rl_dist_ext.gorila import GorilaLearner, GorilaLearnerCounters
 from rl_dist_ext.ops.dqn import double_dqn_loss
 from rl_dist_ext.replay.prioritized import ReplaySample
 
@@ -65,7 +65,7 @@ class WeightsSinks:
         return self._parameter_server.publish(weights, version)
 
 
-class GorilaDQNTorchLearner(DQNTorchLearner):
+class GorilaDQNTorchLearner(GorilaLearnerCounters, DQNTorchLearner):
     """Double DQN with importance weights, fed from the distributed replay."""
 
     def build(self) -> None:
@@ -81,14 +81,6 @@ class GorilaDQNTorchLearner(DQNTorchLearner):
             export_weights=self._inference_weights,
         )
         self._last_td_error: dict[str, torch.Tensor] = {}
-
-    @property
-    def num_gradient_updates(self) -> int:
-        return self.gorila.num_gradient_updates
-
-    @property
-    def weights_version(self) -> int:
-        return self.gorila.weights_version
 
     # ---- wiring -------------------------------------------------------------------------------
     def connect(self, replay, parameter_server, inference_server=None) -> int:

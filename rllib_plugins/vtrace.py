@@ -6,14 +6,12 @@
   (``rl_dist_ext.ops.vtrace``; ``.training(vtrace_clip_rho_threshold=...,
   vtrace_clip_pg_rho_threshold=..., vtrace_lambda=...)``; a threshold of ``None`` = no clip);
 - ``.central_inference(enabled=..., max_batch_size=..., max_wait_ms=..., num_cpus=...,
-  num_gpus=..., num_env_groups=1)``: SEED mode. Env runners only step envs; one
+  num_gpus=...)``: SEED mode. Env runners only step envs; one
   :class:`~rl_dist_ext.inference.InferenceServer` (its own bundle in the algorithm's placement
   group; on a GPU when it has one) batches their observations, samples the actions and returns
   their log-probs. The learner's weights go to the server after every training step and never
   to the runners. ``enabled="auto"`` (default): on when the Ray cluster has a GPU for the server,
-  else runners infer locally (IMPALA mode, as with ``enabled=False``). With
-  ``num_env_groups=2`` each runner's envs form two groups that take turns: one steps while the
-  other's request is at the server.
+  else runners infer locally (IMPALA mode, as with ``enabled=False``).
 - laptop defaults (see ``VTraceConfig.__init__``): learner in the driver, 8 envs and 0.2 Ray
   CPUs per runner.
 

@@ -292,8 +292,6 @@ def test_central_inference_bench_writes_json_and_table(tmp_path):
         "2",
         "--envs-per-runner",
         "2",
-        "--env-groups",
-        "2",
         "--seconds",
         "2",
         "--out",
@@ -301,7 +299,7 @@ def test_central_inference_bench_writes_json_and_table(tmp_path):
         timeout=280,  # three Ray sessions; stays under pytest's 300 s on a busy machine
     )
     result = json.loads((tmp_path / "central_inference_bench.json").read_text())
-    modes = {"local", "central", "central-2-groups"}
+    modes = {"local", "central"}
     modes |= {"central-gpu"} if result["machine"]["gpu"] else set()
     rows = result["results"]
     assert {(r["runners"], r["mode"]) for r in rows} == {(2, m) for m in modes}
@@ -310,10 +308,9 @@ def test_central_inference_bench_writes_json_and_table(tmp_path):
         assert (row["server"] is None) == (row["mode"] == "local")
         if row["server"] is not None:
             assert row["server"]["mean_batch_requests"] >= 1.0
-            # a request carries both envs of its runner, or the one env of its group
-            envs_per_request = 1 if row["mode"] == "central-2-groups" else 2
+            # a request carries both envs of its runner
             assert row["server"]["mean_batch_rows"] == pytest.approx(
-                envs_per_request * row["server"]["mean_batch_requests"]
+                2 * row["server"]["mean_batch_requests"]
             )
     assert {(r["runners"], r["mode"]) for r in result["ratios"]} == {
         (2, m) for m in modes - {"local"}
@@ -323,4 +320,3 @@ def test_central_inference_bench_writes_json_and_table(tmp_path):
     }
     table = (tmp_path / "central_inference_bench.md").read_text()
     assert "| CartPole-v1 | 2 | 2 | central |" in table
-    assert "| CartPole-v1 | 2 | 2 | central-2-groups |" in table

@@ -297,7 +297,7 @@ def test_killed_env_runner_restarts_and_training_continues(ray_session):
         # The restarted runner acts again (it got the replay handle back) with its own epsilon.
         counts = dict(
             algorithm.env_runner_group.foreach_env_runner(
-                lambda r: (r.worker_index, r._replay is not None),
+                lambda r: (r.worker_index, r.connected),
                 local_env_runner=False,
             )
         )

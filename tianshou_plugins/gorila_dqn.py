@@ -28,7 +28,7 @@ from tianshou.algorithm.modelfree.dqn import DQN, DiscreteQLearningPolicy
 from tianshou.algorithm.optim import OptimizerFactory
 from tianshou.data import Batch, ReplayBuffer
 
-from rl_dist_ext.gorila import GorilaLearner
+from rl_dist_ext.gorila import GorilaLearner, GorilaLearnerCounters
 from rl_dist_ext.ops.dqn import DQNLoss, double_dqn_loss
 from rl_dist_ext.validation import check_int, check_real
 from tianshou_plugins.actor import cpu_state_dict, q_values
@@ -46,7 +46,7 @@ class GorilaTrainingStats(TrainingStats):
     td_error_abs_mean: float
 
 
-class GorilaDQN(DQN[DiscreteQLearningPolicy]):
+class GorilaDQN(GorilaLearnerCounters, DQN[DiscreteQLearningPolicy]):
     """Gorila / Ape-X double DQN for Tianshou's ``OffPolicyTrainer``.
 
     Args:
@@ -106,14 +106,6 @@ class GorilaDQN(DQN[DiscreteQLearningPolicy]):
 
     def _actor_weights(self) -> dict[str, torch.Tensor]:
         return cpu_state_dict(self.policy)
-
-    @property
-    def num_gradient_updates(self) -> int:
-        return self.gorila.num_gradient_updates
-
-    @property
-    def weights_version(self) -> int:
-        return self.gorila.weights_version
 
     # ---- Tianshou's update template -----------------------------------------------------------
     def update(self, buffer: ReplayBuffer, sample_size: int | None) -> TrainingStats:

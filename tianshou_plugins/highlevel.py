@@ -25,6 +25,7 @@ Tianshou's experiment does not close collectors; :func:`close_gorila_world` does
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -79,17 +80,32 @@ class GorilaParams:
             check_int("seed", self.seed, 0)
 
     def create_buffer(self, capacity: int) -> DistributedPrioritizedReplayBuffer:
-        return DistributedPrioritizedReplayBuffer(
-            capacity,
-            num_shards=self.num_shards,
-            alpha=self.alpha,
-            beta=self.beta,
-            min_size_to_sample=self.min_size_to_sample,
-            samples_per_insert=self.samples_per_insert,
-            batches_per_request=self.batches_per_request,
-            num_cpus_per_shard=self.num_cpus_per_shard,
-            seed=self.seed,
+        return DistributedPrioritizedReplayBuffer(capacity, **self._settings(BUFFER_SETTINGS))
+
+    def create_collector(
+        self, algorithm: GorilaDQN, env_factory: Callable[[], gym.Env], capacity: int
+    ) -> GorilaCollector:
+        """The training collector: its actors, and the replay buffer they fill."""
+        return GorilaCollector(
+            algorithm,
+            env_factory=env_factory,
+            buffer=self.create_buffer(capacity),
+            **self._settings(COLLECTOR_SETTINGS),
         )
+
+    def _settings(self, names: tuple[str, ...]) -> dict[str, Any]:
+        return {name: getattr(self, name) for name in names}
+
+
+#: The GorilaParams fields that configure the replay buffer, and the collector's actors.
+BUFFER_SETTINGS = (
+    "num_shards", "alpha", "beta", "min_size_to_sample", "samples_per_insert",
+    "batches_per_request", "num_cpus_per_shard", "seed",
+)  # fmt: skip
+COLLECTOR_SETTINGS = (
+    "num_actors", "envs_per_actor", "weight_sync_every_n_steps", "steps_per_env",
+    "num_cpus_per_actor", "seed",
+)  # fmt: skip
 
 
 def _make_training_env(env_factory: EnvFactory) -> gym.Env:
@@ -110,18 +126,10 @@ class GorilaDQNAlgorithmFactory(DQNAlgorithmFactory):
     def create_train_test_collectors(
         self, algorithm: Algorithm, envs: Environments, reset_collectors: bool = True
     ) -> tuple[BaseCollector, BaseCollector]:
-        gorila = self.gorila
-        buffer = gorila.create_buffer(self.training_config.buffer_size)
-        training_collector = GorilaCollector(
+        training_collector = self.gorila.create_collector(
             algorithm,  # type: ignore[arg-type]
-            env_factory=functools.partial(_make_training_env, self.env_factory),
-            buffer=buffer,
-            num_actors=gorila.num_actors,
-            envs_per_actor=gorila.envs_per_actor,
-            weight_sync_every_n_steps=gorila.weight_sync_every_n_steps,
-            steps_per_env=gorila.steps_per_env,
-            num_cpus_per_actor=gorila.num_cpus_per_actor,
-            seed=gorila.seed,
+            functools.partial(_make_training_env, self.env_factory),
+            self.training_config.buffer_size,
         )
         test_collector = self.collector_factory.create_collector(algorithm, envs.test_envs)
         if reset_collectors:

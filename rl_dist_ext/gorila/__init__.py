@@ -11,7 +11,7 @@ and the parameter server come in as objects with the plain classes' methods.
 """
 
 from rl_dist_ext.gorila.actor import ActorStep, ActorStepResult, Rollout
-from rl_dist_ext.gorila.learner import GorilaLearner, UpdateStats
+from rl_dist_ext.gorila.learner import GorilaLearner, GorilaLearnerCounters, UpdateStats
 from rl_dist_ext.gorila.transitions import (
     ROLLOUT_COLUMNS,
     TRANSITION_COLUMNS,
@@ -27,6 +27,7 @@ __all__ = [
     "ActorStep",
     "ActorStepResult",
     "GorilaLearner",
+    "GorilaLearnerCounters",
     "Rollout",
     "UpdateStats",
     "check_finite",

@@ -170,3 +170,17 @@ class GorilaLearner:
         """Restore the counters; the version moves past every one published before."""
         self.clock.load_state_dict(state)
         self.num_target_updates = int(state.get("num_target_updates", 0))
+
+
+class GorilaLearnerCounters:
+    """For a framework's learner that runs the core step as ``self.gorila``: its counters."""
+
+    gorila: GorilaLearner
+
+    @property
+    def num_gradient_updates(self) -> int:
+        return self.gorila.num_gradient_updates
+
+    @property
+    def weights_version(self) -> int:
+        return self.gorila.weights_version
