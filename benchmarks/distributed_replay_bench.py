@@ -170,7 +170,7 @@ def bench_distributed(num_shards: int, seconds: float, capacity: int, prefetch: 
             out[mode] = result
         out["stats"] = {
             k: v
-            for k, v in replay.stats().items()
+            for k, v in replay.stats(wait=True).items()
             if k in ("size", "size_per_shard", "stale_updates", "items_lost")
         }
     finally:

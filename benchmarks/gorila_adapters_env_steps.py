@@ -177,7 +177,7 @@ def tianshou_run(seed: int, max_env_steps: int) -> dict:
             update_step_num_gradient_steps_per_sample=s["samples_per_insert"] / s["batch_size"],
             batch_size=s["batch_size"],
         )
-        spi = buffer.stats()["samples_per_insert"]
+        spi = buffer.stats(wait=True)["samples_per_insert"]
     finally:
         if test is not None:
             test.close()

@@ -1,9 +1,10 @@
 """Versioned weights between one learner and many actors (Gorila's parameter server, pull-based).
 
-**One version unit.** A weights version counts the learner's gradient updates: the weights after
-the k-th gradient update are version k (:class:`WeightsVersion`). Loading a checkpoint moves the
-version one past the newest it or the learner had, so restored (even older) weights still reach
-actors and servers, which only take versions newer than theirs. **One policy lag**:
+**One version unit.** A weights version advances by one with each of the learner's gradient
+updates (:class:`WeightsVersion`): version k after k updates, until weights are replaced from
+outside. Replacing them (loading a checkpoint, restoring only the module) moves the version past
+every one published before, so restored (even older) weights still reach actors and servers,
+which only take versions newer than theirs. **One policy lag**:
 :func:`policy_lag`, the learner's version minus the version of the weights that acted, in
 gradient updates. Every algorithm (GorilaDQN, V-trace; RLlib and Tianshou) reports these.
 
@@ -42,15 +43,24 @@ class WeightsVersion:
         self.version += 1
         return self.version
 
+    def bump(self) -> int:
+        """New weights that no gradient update made (e.g. restored): a new version."""
+        self.version += 1
+        return self.version
+
     def state_dict(self) -> dict[str, int]:
         return {"num_gradient_updates": self.num_gradient_updates, "version": self.version}
 
     def load_state_dict(self, state: Mapping[str, int]) -> None:
-        """Take the saved update count; the version moves past both the saved and the own one."""
+        """Take the saved update count; the version moves past both the saved and the own one.
+
+        Also reads checkpoints of rl-dist-ext 0.1, which named the version ``weights_version``.
+        """
         self.num_gradient_updates = check_int(
             "num_gradient_updates", state["num_gradient_updates"], 0
         )
-        self.version = max(self.version, check_int("version", state["version"], 0)) + 1
+        saved = state["version"] if "version" in state else state.get("weights_version", 0)
+        self.version = max(self.version, check_int("version", saved, 0)) + 1
 
 
 class PolicyLag(NamedTuple):

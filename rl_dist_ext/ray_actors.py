@@ -7,6 +7,7 @@ cluster can never place, before anything starts).
 
 from __future__ import annotations
 
+import logging
 import warnings
 from typing import Any
 
@@ -15,6 +16,8 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from rl_dist_ext.params import ParameterServer, VersionedWeights
 from rl_dist_ext.replay.shard import ReplayShardServer, ShardSpec
+
+log = logging.getLogger(__name__)
 
 
 class _RestartAwareReplayShard(ReplayShardServer):
@@ -59,13 +62,16 @@ RemoteParameterServer = ray.remote(max_restarts=-1, max_task_retries=0)(Paramete
 
 
 def start_parameter_server(
-    *, num_cpus: float = 0.0, placement_group: Any = None, bundle_index: int = -1
+    *,
+    num_cpus: float = 0.0,
+    placement_group: Any = None,
+    bundle_index: int = -1,
+    timeout_s: float = 120.0,
 ) -> ParameterServerClient:
     """Start the parameter server actor (it only stores references: no CPU by default)."""
+    options = _placement(num_cpus, placement_group, bundle_index)
     return ParameterServerClient(
-        RemoteParameterServer.options(
-            **_placement(num_cpus, placement_group, bundle_index)
-        ).remote()
+        RemoteParameterServer.options(**options).remote(), timeout_s=timeout_s
     )
 
 
@@ -82,7 +88,14 @@ class ParameterServerClient:
         self._timeout_s = timeout_s
 
     def publish(self, weights: Any, version: int) -> int:
-        return ray.get(self.handle.publish.remote(weights, version), timeout=self._timeout_s)
+        """Store ``weights`` as ``version``; returns it. A server that is restarting (Ray
+        restarts it empty) misses this publish and gets the next one: that is logged, not
+        raised, so a learner never stops on it."""
+        try:
+            return ray.get(self.handle.publish.remote(weights, version), timeout=self._timeout_s)
+        except (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError) as error:
+            log.warning("parameter server missed weights version %d: %s", version, error)
+            return version
 
     def pull_if_newer(self, version: int) -> VersionedWeights | None:
         return ray.get(self.handle.pull_if_newer.remote(version), timeout=self._timeout_s)
@@ -91,19 +104,24 @@ class ParameterServerClient:
         ray.kill(self.handle, no_restart=True)
 
 
-def check_resources_fit(owner: str, asks: dict[str, float], *, how_to_lower: str) -> None:
+def check_resources_fit(
+    owner: str, asks: dict[str, float], *, how_to_lower: str, free: bool = False
+) -> None:
     """Raise ``ValueError`` if the running cluster can never hold ``asks`` (resource -> amount).
 
-    Inside a placement group (Tune) Ray has already checked the ask, so nothing is checked.
+    ``free=True`` compares with what is free now (for actors started outside any placement
+    group, next to others already running), else with the cluster's total. Inside a placement
+    group (Tune) Ray has already checked the ask, so nothing is checked.
     """
     if not ray.is_initialized() or ray.util.get_current_placement_group() is not None:
         return
-    cluster = ray.cluster_resources()
+    have_now = ray.available_resources() if free else ray.cluster_resources()
+    where = "free in the Ray cluster" if free else "in the Ray cluster"
     for resource, wanted in asks.items():
-        have = float(cluster.get(resource, 0.0))
+        have = float(have_now.get(resource, 0.0))
         if wanted > have + 1e-9:
             raise ValueError(
-                f"{owner} asks for {wanted:g} {resource}s but the Ray cluster has {have:g}; "
+                f"{owner} asks for {wanted:g} {resource}s but there are {have:g} {where}; "
                 f"{how_to_lower}"
             )
 

@@ -168,6 +168,18 @@ class ServerInferenceRLModule(TorchRLModule):
     def set_state(self, *args: Any, **kwargs: Any) -> None:
         self.local.set_state(*args, **kwargs)
 
+    def save_to_path(self, *args: Any, **kwargs: Any) -> Any:
+        return self.local.save_to_path(*args, **kwargs)
+
+    def restore_from_path(self, *args: Any, **kwargs: Any) -> None:
+        self.local.restore_from_path(*args, **kwargs)
+
+    def get_metadata(self, *args: Any, **kwargs: Any) -> Any:
+        return self.local.get_metadata(*args, **kwargs)
+
+    def get_ctor_args_and_kwargs(self) -> Any:
+        return self.local.get_ctor_args_and_kwargs()
+
     def unwrapped(self) -> RLModule:
         return self.local
 
@@ -348,8 +360,8 @@ class InferenceServerClient:
         ray.get(self.handle.get_version.remote(), timeout=120)  # surfaces constructor errors
 
     def push_weights(self, learner_group: Any) -> int:
-        """Send the learner's current module weights (fire and forget); return their version,
-        the learner's count of gradient updates (``rl_dist_ext.params``)."""
+        """Send the learner's current module weights (fire and forget); return their version
+        (``rl_dist_ext.params``: one per gradient update, moved on by restores)."""
         results = learner_group.foreach_learner(lambda learner: learner.versioned_weights())
         weights, self.version = results.result_or_errors[0].get()
         self.handle.set_weights.remote(weights, self.version)

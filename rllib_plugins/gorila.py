@@ -264,7 +264,11 @@ class GorilaDQN(DQN):
         if self._replay is not None and (replay_dir / "manifest.json").exists():
             self._replay.restore(str(replay_dir))
         if self._param_server is not None:
-            self.learner_group.foreach_learner(lambda learner: learner.publish_weights())
+            # A new version even when only the module was restored (component=...), which
+            # leaves the learner's counters alone.
+            self.learner_group.foreach_learner(
+                lambda learner: learner.publish_weights(new_version=True)
+            )
         self._sync_local_module()
 
 

@@ -20,6 +20,7 @@ except ImportError:  # Python 3.10
 
 #: DQN's target period (env steps) in GorilaDQN: never reached, its learner counts updates.
 DQN_TARGET_SYNC_OFF = 2**62
+DQN_DEFAULT_TARGET_PERIOD = DQNConfig().target_network_update_freq
 
 
 class GorilaDQNConfig(CentralInferenceSettingsMixin, DQNConfig):
@@ -191,6 +192,9 @@ class GorilaDQNConfig(CentralInferenceSettingsMixin, DQNConfig):
         ):
             check_int(name, getattr(self, name), 1)
         check_int("n_step", self.n_step, 1)  # GorilaDQN folds a fixed n on the actors
+        if self.target_network_update_freq == DQN_DEFAULT_TARGET_PERIOD:
+            # DQN's untouched default, as configs saved by rl-dist-ext 0.1 carry it.
+            self.target_network_update_freq = DQN_TARGET_SYNC_OFF
         if self.target_network_update_freq != DQN_TARGET_SYNC_OFF:
             raise ValueError(
                 f"target_network_update_freq={self.target_network_update_freq!r}: GorilaDQN "

@@ -90,8 +90,8 @@ class GorilaDQNTorchLearner(GorilaLearnerCounters, DQNTorchLearner):
             replay=replay, weights=WeightsSinks(parameter_server, inference_server)
         )
 
-    def publish_weights(self) -> int:
-        return self.gorila.publish()
+    def publish_weights(self, *, new_version: bool = False) -> int:
+        return self.gorila.publish(new_version=new_version)
 
     def _inference_weights(self) -> dict[str, Any]:
         return convert_to_numpy(self.module[DEFAULT_MODULE_ID].get_state(inference_only=True))

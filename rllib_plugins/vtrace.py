@@ -205,6 +205,8 @@ class VTrace(IMPALA):
     def restore_from_path(self, *args: Any, **kwargs: Any) -> None:
         super().restore_from_path(*args, **kwargs)
         if getattr(self, "_inference", None) is not None:
+            # Restored weights are a new version, also when only the module was restored.
+            self.learner_group.foreach_learner(lambda learner: learner.weights_clock.bump())
             self._inference.push_weights(self.learner_group)
 
     def get_module(self, module_id: str = DEFAULT_MODULE_ID):

@@ -45,9 +45,14 @@ class VTraceTorchLearner(IMPALATorchLearner):
         self.weights_clock.advance()
 
     def versioned_weights(self) -> VersionedWeights:
-        """The module's inference weights (numpy) and their version."""
+        """The module's inference weights (numpy) and their version.
+
+        The version is read first: IMPALA's learner thread may update meanwhile, and weights
+        newer than their label are harmless where a label newer than its weights is not.
+        """
+        version = self.weights_clock.version
         state = self.module[DEFAULT_MODULE_ID].get_state(inference_only=True)
-        return VersionedWeights(convert_to_numpy(state), self.weights_clock.version)
+        return VersionedWeights(convert_to_numpy(state), version)
 
     def get_state(self, *args: Any, **kwargs: Any):
         state = super().get_state(*args, **kwargs)

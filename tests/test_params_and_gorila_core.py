@@ -273,3 +273,49 @@ def test_uniform_learner_sends_no_priorities_and_pickles_without_connections():
     clone = pickle.loads(pickle.dumps(learner))
     assert clone.replay is None and clone.num_gradient_updates == 2
     assert clone.state_dict() == learner.state_dict()
+
+
+def test_weights_version_bumps_and_reads_the_version_key_of_older_checkpoints():
+    from rl_dist_ext.params import WeightsVersion
+
+    clock = WeightsVersion()
+    clock.advance()
+    assert clock.bump() == 2 and clock.num_gradient_updates == 1  # new weights, no update
+    clock.load_state_dict({"num_gradient_updates": 7, "weights_version": 9})  # rl-dist-ext 0.1
+    assert (clock.num_gradient_updates, clock.version) == (7, 10)
+
+
+def test_learner_publishes_restored_weights_under_a_new_version():
+    learner, _ = make_learner(RecordingReplay())
+    server = ParameterServer()
+    learner.connect(weights=server)
+    assert learner.publish() == 0 and server.stats()["num_publishes"] == 1  # nothing new
+    assert learner.publish(new_version=True) == 1 and server.version() == 1
+
+
+@pytest.mark.ray
+def test_parameter_server_client_survives_a_server_restart(ray_session):
+    import time
+
+    import ray
+
+    from rl_dist_ext.ray_actors import start_parameter_server
+
+    client = start_parameter_server(timeout_s=30)
+    try:
+        assert client.publish({"w": 0}, 0) == 0
+        ray.kill(client.handle, no_restart=False)
+        client.publish({"w": 1}, 1)  # missed while restarting (logged), never raised
+        deadline = time.monotonic() + 30
+        version = 2
+        while True:  # the next publishes reach the restarted (empty) server
+            client.publish({"w": version}, version)
+            latest = client.pull_if_newer(-1)
+            if latest is not None and latest.version == version:
+                break
+            assert time.monotonic() < deadline, latest
+            version += 1
+            time.sleep(0.2)
+        assert latest.weights == {"w": version}
+    finally:
+        client.close()

@@ -77,7 +77,7 @@ def test_registered_with_tune_and_rllib(ray_session):
         (lambda c: c.training(n_step=(1, 3)), "n_step"),
         (lambda c: c.training(num_atoms=51), "num_atoms"),
         (lambda c: c.training(noisy=True), "noisy"),
-        (lambda c: c.training(target_network_update_freq=500), "target_update_every_n_updates"),
+        (lambda c: c.training(target_network_update_freq=1000), "target_update_every_n_updates"),
         (lambda c: c.replay(alpha=-0.5), "alpha"),
         (lambda c: c.replay(beta=2.0), "beta"),
         (lambda c: c.replay(num_shards=0), "num_shards"),

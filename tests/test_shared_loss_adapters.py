@@ -1,6 +1,6 @@
 """One batch through both adapters: the RLlib learner and the Tianshou algorithm agree (STYLE 3).
 
-Both adapters call ``rl_dist_ext.ops.priorities.double_dqn_loss``; this test checks that the glue
+Both adapters call ``rl_dist_ext.ops.dqn.double_dqn_loss``; this test checks that the glue
 around it (batch columns, which network selects and which evaluates the next action, the loss
 type, the importance weights) is the same on both sides. The RLlib learner is built in-process
 (``config.build_learner``, no Ray actors); its online and target networks are copied layer by layer

@@ -156,7 +156,7 @@ class GorilaCollector(BaseCollector[GorilaCollectStats]):
         started_buffer = not buffer.started
         try:
             replay = buffer.start()
-            self.env.weights_server = start_parameter_server()
+            self.env.weights_server = start_parameter_server(timeout_s=self._timeout_s)
             self._publish_weights()
             handles = [
                 start_restartable_actor(
@@ -431,6 +431,7 @@ def _check_cpus(actor_cpus: float, buffer: DistributedPrioritizedReplayBuffer) -
         "GorilaCollector's actors (num_actors x num_cpus_per_actor) and replay shards",
         {"CPU": wanted},
         how_to_lower="lower num_cpus_per_actor (actors mostly step envs and wait) or num_actors",
+        free=True,
     )
 
 

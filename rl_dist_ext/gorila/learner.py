@@ -52,7 +52,8 @@ class GorilaLearner:
             Tianshou's template; then only the priority and publish phases are used).
         batch_size: rows per gradient update (``None`` when the framework samples).
         prioritized: send ``|TD|`` back as new priorities.
-        target_update_every: gradient updates between hard target updates (Gorila's C).
+        target_update_every: gradient updates between hard target updates (Gorila's C); the
+            first comes after update C (the target network starts as a copy of the online one).
         publish_every: gradient updates between weight publishes (when a sink is connected).
         sync_target: copies the online network into the target network.
         export_weights: the online weights as actors load them (called at publish only).
@@ -119,8 +120,14 @@ class GorilaLearner:
             td_error = td_error.detach().cpu().numpy()
         self.replay.update_priorities(keys, np.abs(td_error))
 
-    def publish(self) -> int:
-        """Publish the current weights unless this version already went out; returns it."""
+    def publish(self, *, new_version: bool = False) -> int:
+        """Publish the current weights unless this version already went out; returns it.
+
+        ``new_version=True``: the weights were replaced from outside (a restore), so they go
+        out under a new version even if no gradient update happened since the last publish.
+        """
+        if new_version:
+            self.clock.bump()
         version = self.clock.version
         if self._sink is not None and version != self._published_version:
             self._sink.publish(self._export_weights(), version)

@@ -25,7 +25,8 @@ def shard_file(path: str, shard: int) -> str:
 
 
 def save(shards: ShardSet, path: str) -> None:
-    """Write every shard and the manifest under ``path`` (dir or URI); flush adds first."""
+    """Write every shard and the manifest under ``path`` (dir or URI); the caller flushes its
+    adds and priority updates first."""
     statuses: list[ShardStatus] = shards.on_every_shard(
         "save", lambda i, h: h.save.remote(shard_file(path, i))
     )

@@ -193,7 +193,6 @@ class DistributedReplay:
         self._inserter.drop()
         self._sampler.drop()
         self._priorities.drop()
-        self._shards.forget()
 
     def __enter__(self) -> DistributedReplay:
         return self

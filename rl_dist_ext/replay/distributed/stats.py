@@ -12,11 +12,17 @@ from rl_dist_ext.replay.distributed.shards import ShardSet
 
 
 class ReplayStats:
-    """Turns one client's view into a flat metrics dict; rates are per second between reports."""
+    """Turns one client's view into a flat metrics dict.
+
+    Rates are per second between the reports at which the shards' totals changed: the totals
+    move only when new statuses arrive (every ``status_refresh_s``), so a report in between
+    repeats the last rates instead of reading 0 and then twice the real rate.
+    """
 
     def __init__(self) -> None:
         self._last_time: float | None = None
         self._last_totals = (0, 0)  # (num_inserted, num_sampled)
+        self._rates = (0.0, 0.0)  # (insert_rate, sample_rate)
 
     def report(
         self,
@@ -31,12 +37,15 @@ class ReplayStats:
         now = time.monotonic()
         inserted = sum(s.num_inserted for s in alive)
         sampled = sum(s.num_sampled for s in alive)
-        insert_rate = sample_rate = 0.0
-        if self._last_time is not None and now > self._last_time:
-            dt = now - self._last_time
-            insert_rate = max(0, inserted - self._last_totals[0]) / dt
-            sample_rate = max(0, sampled - self._last_totals[1]) / dt
-        self._last_time, self._last_totals = now, (inserted, sampled)
+        if (inserted, sampled) != self._last_totals or self._last_time is None:
+            if self._last_time is not None and now > self._last_time:
+                dt = now - self._last_time
+                self._rates = (
+                    max(0, inserted - self._last_totals[0]) / dt,
+                    max(0, sampled - self._last_totals[1]) / dt,
+                )
+            self._last_time, self._last_totals = now, (inserted, sampled)
+        insert_rate, sample_rate = self._rates
         first = sampler.first_sample_time
         sampling_for = now - first if first is not None else 0.0
         return {
