@@ -475,7 +475,8 @@ def test_learner_in_its_own_actor(ray_session):
         for _ in range(3):
             result = algorithm.train()
             versions.append(result["gorila"]["learner_weights_version"])
-        assert versions[-1] > versions[0] > 0
+        # Versions count gradient updates: 0 until the replay first holds enough rows.
+        assert versions[-1] > versions[0] >= 0
         assert result["learners"]["__all_modules__"]["num_gradient_updates"] > 0
         # Every runner acts with weights the learner actor published after the first ones.
         assert 0 <= result["gorila"]["policy_lag_max"] < versions[-1] - 1
