@@ -19,8 +19,8 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Iterable, Mapping
-from typing import Any, NamedTuple
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any, NamedTuple, Protocol
 
 from rl_dist_ext.validation import check_int
 
@@ -78,6 +78,61 @@ def policy_lag(learner_version: int, acting_versions: Iterable[float]) -> Policy
     if not lags:
         return PolicyLag(math.nan, math.nan)
     return PolicyLag(sum(lags) / len(lags), max(lags))
+
+
+class WeightsSource(Protocol):
+    def pull_if_newer(self, version: int) -> VersionedWeights | None: ...
+
+
+class WeightsPuller:
+    """An actor's side of the parameter server: newer weights every ``every_n_steps`` env steps.
+
+    Args:
+        source: the parameter server (``pull_if_newer``); ``None`` for an actor that holds no
+            weights (SEED): it never pulls and keeps version -1.
+        every_n_steps: the actor's env steps between pulls (Gorila's K).
+    """
+
+    def __init__(self, source: WeightsSource | None, every_n_steps: int) -> None:
+        self._source = source
+        self._every = check_int("pull_every_n_steps", every_n_steps, 1)
+        self.version = -1  # of the weights held; -1 = initial weights, nothing pulled yet
+        self._steps_since_pull = 0
+
+    def pull(self, load: Callable[[Any], None]) -> bool:
+        """Pull newer weights now (``load`` puts them in the local network); ``True`` if any."""
+        self._steps_since_pull = 0
+        if self._source is None:
+            return False
+        latest = self._source.pull_if_newer(self.version)
+        if latest is None:
+            return False
+        load(latest.weights)
+        self.version = latest.version
+        return True
+
+    def pull_if_due(self, load: Callable[[Any], None]) -> bool:
+        """:meth:`pull` if ``every_n_steps`` env steps were :meth:`count`-ed since the last."""
+        return self._steps_since_pull >= self._every and self.pull(load)
+
+    def count(self, env_steps: int) -> None:
+        self._steps_since_pull += env_steps
+
+
+class HoldsPulledWeights:
+    """For an actor step whose local weights come through ``self._weights`` (a
+    :class:`WeightsPuller`): their version and an explicit pull."""
+
+    _weights: WeightsPuller
+
+    @property
+    def weights_version(self) -> int:
+        """Version of the weights held (-1: initial weights, nothing pulled yet)."""
+        return self._weights.version
+
+    def pull_weights(self, load: Callable[[Any], None]) -> bool:
+        """Pull newer weights now (``load`` puts them in the local network); ``True`` if any."""
+        return self._weights.pull(load)
 
 
 class ParameterServer:

@@ -3,14 +3,14 @@
 Same batch layout as RLlib's IMPALA: episode pieces laid end to end, each followed by one extra
 step (``AddOneTsToEpisodesAndTruncate``: the final observation again, ``LOSS_MASK`` False), the
 flat batch cut into rows of ``rollout_fragment_length``. The V-trace targets and advantages come
-from :func:`rl_dist_ext.ops.vtrace.vtrace_from_log_probs` (Espeholt et al. 2018) with the loss
-mask passed as the op's ``mask``: the extra step adds no error term, so a piece truncated by the
-env or cut at a fragment end bootstraps from V(final observation) and only a termination cuts
-the return. (RLlib 2.60's own IMPALA loss only zeroes the extra step's discount, which lets its
-error ``-V(x_L)`` into the step before: every piece is learned as if the episode ended there.)
-The rho and pg-rho thresholds and the trace factor lambda are configurable. Loss =
-policy-gradient term + ``vf_loss_coeff`` x value term + entropy coefficient x entropy term, each a
-mean over real steps.
+from :func:`rl_dist_ext.ops.vtrace.vtrace_from_log_probs` (Espeholt et al. 2018), and the loss
+from :func:`rl_dist_ext.ops.vtrace_loss.vtrace_actor_critic_loss` (shared with the Tianshou
+adapter), with the loss mask passed as the op's ``mask``: the extra step adds no error term, so a
+piece truncated by the env or cut at a fragment end bootstraps from V(final observation) and
+only a termination cuts the return. (RLlib 2.60's own IMPALA loss only zeroes the extra step's
+discount, which lets its error ``-V(x_L)`` into the step before: every piece is learned as if
+the episode ended there.) The rho and pg-rho thresholds and the trace factor lambda are
+configurable.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from ray.rllib.core.columns import Columns
 from ray.rllib.core.learner.learner import ENTROPY_KEY
 from ray.rllib.utils.numpy import convert_to_numpy
 
-from rl_dist_ext.ops.vtrace import vtrace_from_log_probs
+from rl_dist_ext.ops.vtrace_loss import vtrace_actor_critic_loss
 from rl_dist_ext.params import VersionedWeights, WeightsVersion
 
 
@@ -73,11 +73,8 @@ class VTraceTorchLearner(IMPALATorchLearner):
         def time_major(x: torch.Tensor) -> torch.Tensor:
             return make_time_major(x, trajectory_len=length, recurrent_seq_len=seq_lens)
 
-        mask = batch[Columns.LOSS_MASK].float()
-        mask_tm = time_major(mask)
-        num_real = mask.sum()
+        mask_tm = time_major(batch[Columns.LOSS_MASK].float())
         dist = module.get_train_action_dist_cls().from_logits(fwd_out[Columns.ACTION_DIST_INPUTS])
-        target_logp_tm = time_major(dist.logp(batch[Columns.ACTIONS]))
         values_tm = time_major(
             module.compute_values(batch, embeddings=fwd_out.get(Columns.EMBEDDINGS))
         )
@@ -85,42 +82,32 @@ class VTraceTorchLearner(IMPALATorchLearner):
         # row ends on an extra step or padding, both masked, so its bootstrap is never used.
         bootstrap = torch.cat([values_tm[0][1:], values_tm[0][:1]], dim=0)
         terminated_tm = time_major(batch[Columns.TERMINATEDS]).float()
-        discounts_tm = (1.0 - terminated_tm) * config.gamma
-        targets = vtrace_from_log_probs(
+        entropy_coeff = self.entropy_coeff_schedulers_per_module[module_id].get_current_value()
+        loss = vtrace_actor_critic_loss(
+            target_log_probs=time_major(dist.logp(batch[Columns.ACTIONS])),
             behaviour_log_probs=time_major(batch[Columns.ACTION_LOGP]),
-            target_log_probs=target_logp_tm,
-            discounts=discounts_tm,
-            rewards=time_major(batch[Columns.REWARDS]),
-            values=values_tm.detach(),
+            entropy=time_major(dist.entropy()),
+            values=values_tm,
             bootstrap_value=bootstrap.detach(),
+            rewards=time_major(batch[Columns.REWARDS]),
+            discounts=(1.0 - terminated_tm) * config.gamma,
             # RLlib's extra step after each piece holds the final observation: masked, it adds
             # no error term, so truncated and cut pieces bootstrap from V(final observation).
             mask=mask_tm,
+            vf_loss_coeff=config.vf_loss_coeff,
+            entropy_coeff=entropy_coeff,
             clip_rho_threshold=config.vtrace_clip_rho_threshold,
             clip_pg_rho_threshold=config.vtrace_clip_pg_rho_threshold,
             lambda_=config.vtrace_lambda,
         )
-        pi_loss = -(target_logp_tm * targets.pg_advantages * mask_tm).sum() / num_real
-        vf_loss = 0.5 * ((values_tm - targets.vs) ** 2 * mask_tm).sum() / num_real
-        entropy = (dist.entropy() * mask).sum() / num_real
-        entropy_coeff = self.entropy_coeff_schedulers_per_module[module_id].get_current_value()
-        total = pi_loss + config.vf_loss_coeff * vf_loss - entropy_coeff * entropy
         self.metrics.log_dict(
             {
-                "mean_pi_loss": pi_loss,
-                "mean_vf_loss": vf_loss,
-                ENTROPY_KEY: entropy,
-                "mean_rho": _mean_rho(
-                    target_logp_tm, time_major(batch[Columns.ACTION_LOGP]), mask_tm
-                ),
+                "mean_pi_loss": loss.pi_loss,
+                "mean_vf_loss": loss.vf_loss,
+                ENTROPY_KEY: loss.entropy,
+                "mean_rho": loss.mean_rho,
             },
             key=module_id,
             window=1,
         )
-        return total
-
-
-def _mean_rho(target_logp: torch.Tensor, behaviour_logp: torch.Tensor, mask: torch.Tensor) -> Any:
-    """Mean importance ratio pi/mu over real steps (1.0 = no policy lag)."""
-    with torch.no_grad():
-        return ((target_logp - behaviour_logp).exp() * mask).sum() / mask.sum()
+        return loss.total

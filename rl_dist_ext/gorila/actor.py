@@ -23,12 +23,8 @@ from rl_dist_ext.gorila.transitions import (
     check_finite,
     nstep_batch_with_priorities,
 )
-from rl_dist_ext.params import VersionedWeights
+from rl_dist_ext.params import HoldsPulledWeights, WeightsPuller, WeightsSource
 from rl_dist_ext.validation import check_int
-
-
-class WeightsSource(Protocol):
-    def pull_if_newer(self, version: int) -> VersionedWeights | None: ...
 
 
 class ReplayWriter(Protocol):
@@ -49,7 +45,7 @@ class ActorStepResult(NamedTuple):
     weights_version: float  # the version that acted (-1: initial weights, nothing pulled yet)
 
 
-class ActorStep:
+class ActorStep(HoldsPulledWeights):
     """Pull if due -> act -> fold -> prioritise -> push; see the module docstring.
 
     Args:
@@ -77,24 +73,9 @@ class ActorStep:
         self._gamma = gamma
         self._n_step = check_int("n_step", n_step, 1)
         self._prioritized = prioritized
-        self._weights = weights
-        self._pull_every = check_int("pull_every_n_steps", pull_every_n_steps, 1)
+        self._weights = WeightsPuller(weights, pull_every_n_steps)
         self.name = name
-        self.weights_version = -1
         self.env_steps = 0
-        self._steps_since_pull = 0
-
-    def pull_weights(self, load: Callable[[Any], None]) -> bool:
-        """Pull newer weights now (``load`` puts them in the local network); ``True`` if any."""
-        self._steps_since_pull = 0
-        if self._weights is None:
-            return False
-        latest = self._weights.pull_if_newer(self.weights_version)
-        if latest is None:
-            return False
-        load(latest.weights)
-        self.weights_version = latest.version
-        return True
 
     def run(
         self,
@@ -110,8 +91,7 @@ class ActorStep:
             q_values: the acting network, ``[N, *obs_shape]`` float tensor -> ``[N, A]``.
             load_weights: puts pulled weights into the acting network.
         """
-        if self._steps_since_pull >= self._pull_every:
-            self.pull_weights(load_weights)
+        self._weights.pull_if_due(load_weights)
         rollout = act()
         return self.push(rollout, q_values)
 
@@ -129,7 +109,7 @@ class ActorStep:
         self._replay.add(batch.transitions, batch.priorities if self._prioritized else None)
         rewards = rollout.columns["rewards"]
         steps = int(rewards.shape[0] * rewards.shape[1])
-        self._steps_since_pull += steps
+        self._weights.count(steps)
         self.env_steps += steps
         version = self.weights_version if rollout.acting_version is None else rollout.acting_version
         return ActorStepResult(steps, float(version))

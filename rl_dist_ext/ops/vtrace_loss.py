@@ -1,0 +1,107 @@
+"""The IMPALA actor-critic loss every V-trace learner trains (RLlib and Tianshou adapters).
+
+Espeholt et al. 2018, "IMPALA" (arXiv:1802.01561), section 4.2: with V-trace targets ``v_s`` and
+policy-gradient advantages ``A_s`` (:mod:`rl_dist_ext.ops.vtrace`), the learner minimises
+
+    L = - mean_s[ log pi(a_s|x_s) A_s ]                           (policy gradient)
+        + vf_loss_coeff * mean_s[ 0.5 (V(x_s) - v_s)^2 ]          (value)
+        - entropy_coeff * mean_s[ H(pi(.|x_s)) ]                  (entropy bonus)
+
+where the means run over the real (unmasked) steps of a time-major ``[T, B]`` batch; masked
+steps (an episode piece's final observation, padding) add nothing.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+
+from rl_dist_ext.ops.vtrace import vtrace_from_log_probs
+
+__all__ = ["VTraceLoss", "vtrace_actor_critic_loss"]
+
+
+class VTraceLoss(NamedTuple):
+    """Result of :func:`vtrace_actor_critic_loss`; every field is a scalar tensor."""
+
+    total: torch.Tensor  # carries gradient
+    pi_loss: torch.Tensor  # the terms below are detached, for metrics
+    vf_loss: torch.Tensor
+    entropy: torch.Tensor
+    mean_rho: torch.Tensor  # mean pi/mu over real steps (1 = no policy lag)
+
+
+def vtrace_actor_critic_loss(
+    *,
+    target_log_probs: torch.Tensor,
+    behaviour_log_probs: torch.Tensor,
+    entropy: torch.Tensor,
+    values: torch.Tensor,
+    bootstrap_value: torch.Tensor,
+    rewards: torch.Tensor,
+    discounts: torch.Tensor,
+    mask: torch.Tensor,
+    vf_loss_coeff: float,
+    entropy_coeff: float,
+    clip_rho_threshold: float | None = 1.0,
+    clip_pg_rho_threshold: float | None = 1.0,
+    lambda_: float = 1.0,
+) -> VTraceLoss:
+    """The IMPALA loss on one time-major batch (see the module docstring).
+
+    Args:
+        target_log_probs: ``[T, B]`` float, log pi(a_t|x_t) of the learner (with gradient).
+        behaviour_log_probs: ``[T, B]`` float, log mu(a_t|x_t) recorded when acting.
+        entropy: ``[T, B]`` float, H(pi(.|x_t)) (with gradient).
+        values: ``[T, B]`` float, V(x_t) (with gradient).
+        bootstrap_value: ``[B]`` float, V(x_T).
+        rewards: ``[T, B]`` float.
+        discounts: ``[T, B]`` float, gamma (0 where the episode terminated at t).
+        mask: ``[T, B]`` 0/1 or bool, 1 at real steps; at least one must be real.
+        vf_loss_coeff, entropy_coeff: weights of the value and entropy terms.
+        clip_rho_threshold, clip_pg_rho_threshold, lambda_: as in
+            :func:`~rl_dist_ext.ops.vtrace.vtrace_from_importance_weights`.
+
+    Raises:
+        ValueError: no real step, or shapes as in the V-trace functions.
+    """
+    mask = mask.to(values.dtype)
+    num_real = mask.sum()
+    if not num_real > 0:
+        raise ValueError("mask has no real step: the loss would be empty")
+    for name, x in (("entropy", entropy), ("values", values)):
+        if tuple(x.shape) != tuple(target_log_probs.shape):
+            raise ValueError(
+                f"{name} has shape {tuple(x.shape)}, expected {tuple(target_log_probs.shape)} "
+                f"(the shape of target_log_probs)"
+            )
+    targets = vtrace_from_log_probs(
+        behaviour_log_probs=behaviour_log_probs,
+        target_log_probs=target_log_probs,
+        discounts=discounts,
+        rewards=rewards,
+        values=values,
+        bootstrap_value=bootstrap_value,
+        mask=mask,
+        clip_rho_threshold=clip_rho_threshold,
+        clip_pg_rho_threshold=clip_pg_rho_threshold,
+        lambda_=lambda_,
+    )
+    # where(), not a product: a masked step's log-prob may be -inf (padding, invalid actions).
+    zero = torch.zeros((), dtype=values.dtype, device=values.device)
+    real = mask != 0
+    pi_loss = -torch.where(real, target_log_probs * targets.pg_advantages, zero).sum() / num_real
+    vf_loss = 0.5 * torch.where(real, (values - targets.vs) ** 2, zero).sum() / num_real
+    mean_entropy = torch.where(real, entropy, zero).sum() / num_real
+    total = pi_loss + vf_loss_coeff * vf_loss - entropy_coeff * mean_entropy
+    with torch.no_grad():
+        log_rhos = target_log_probs - behaviour_log_probs
+        mean_rho = torch.where(real, log_rhos.exp(), zero).sum() / num_real
+    return VTraceLoss(
+        total=total,
+        pi_loss=pi_loss.detach(),
+        vf_loss=vf_loss.detach(),
+        entropy=mean_entropy.detach(),
+        mean_rho=mean_rho,
+    )

@@ -1,0 +1,223 @@
+"""The final-observation layout of fixed-length trajectories and the shared IMPALA loss (no Ray).
+
+Checked against a step-by-step construction and, through the V-trace op, against the per-segment
+reference of the paper (tests/vtrace_reference.py), which knows nothing of masks or layouts.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from vtrace_reference import Segment, segment_vtrace
+
+from rl_dist_ext.ops.vtrace import vtrace_from_log_probs
+from rl_dist_ext.ops.vtrace_layout import final_step_layout, gather_time_major
+from rl_dist_ext.ops.vtrace_loss import vtrace_actor_critic_loss
+
+GAMMA = 0.9
+
+
+def naive_layout(terminated: np.ndarray, truncated: np.ndarray) -> list[list[tuple[int, bool]]]:
+    """Per row: (input step, is a final-observation step), then padding."""
+    rows = []
+    num_steps = terminated.shape[0]
+    for b in range(terminated.shape[1]):
+        row = []
+        for t in range(num_steps):
+            row.append((t, False))
+            if t == num_steps - 1 or (truncated[t, b] and not terminated[t, b]):
+                row.append((t, True))
+        rows.append(row)
+    longest = max(map(len, rows))
+    return [row + [row[-1]] * (longest - len(row)) for row in rows]
+
+
+def random_flags(rng, num_steps: int, num_rows: int) -> tuple[np.ndarray, np.ndarray]:
+    terminated = rng.random((num_steps, num_rows)) < 0.15
+    truncated = rng.random((num_steps, num_rows)) < 0.15
+    return terminated, truncated
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_layout_equals_the_step_by_step_construction(seed):
+    rng = np.random.default_rng(seed)
+    terminated, truncated = random_flags(rng, int(rng.integers(1, 9)), int(rng.integers(1, 6)))
+    layout = final_step_layout(terminated, truncated)
+    expected = naive_layout(terminated, truncated)
+    got = [
+        list(zip(layout.source[:, b].tolist(), layout.final[:, b].tolist(), strict=True))
+        for b in range(terminated.shape[1])
+    ]
+    assert got == expected
+    np.testing.assert_array_equal(layout.mask, ~layout.final)
+
+
+def test_layout_of_a_row_without_episode_ends_adds_one_final_step():
+    flags = np.zeros((4, 2), dtype=bool)
+    layout = final_step_layout(flags, flags)
+    assert layout.source.shape == (5, 2)
+    np.testing.assert_array_equal(layout.source[:, 0], [0, 1, 2, 3, 3])
+    np.testing.assert_array_equal(layout.final[:, 1], [False] * 4 + [True])
+
+
+def segments_of_row(terminated, truncated, b) -> list[tuple[int, int, str]]:
+    """(start, stop, end) of the episode pieces in row b of [T, B] trajectories."""
+    pieces, start = [], 0
+    num_steps = terminated.shape[0]
+    for t in range(num_steps):
+        if terminated[t, b] or truncated[t, b] or t == num_steps - 1:
+            end = "terminated" if terminated[t, b] else "truncated"
+            pieces.append((start, t + 1, end))
+            start = t + 1
+    return pieces
+
+
+@pytest.mark.parametrize("lambda_", [1.0, 0.8])
+@pytest.mark.parametrize("seed", range(8))
+def test_vtrace_over_the_layout_equals_the_per_segment_reference(seed, lambda_):
+    """Trajectories with terminations, env truncations and a cut at the row end: every real
+    step's target and advantage equal the paper's double sum over its own episode piece."""
+    rng = np.random.default_rng(100 + seed)
+    num_steps, num_rows = 7, 4
+    terminated, truncated = random_flags(rng, num_steps, num_rows)
+    v_obs = rng.normal(size=(num_steps, num_rows))  # V(obs_t)
+    v_next = rng.normal(size=(num_steps, num_rows))  # V(next_obs_t)
+    rewards = rng.normal(size=(num_steps, num_rows))
+    log_rhos = np.log(rng.choice([0.2, 0.7, 1.0, 1.6, 3.0], size=(num_steps, num_rows)))
+
+    layout = final_step_layout(terminated, truncated)
+    values = np.where(
+        layout.final, gather_time_major(v_next, layout), gather_time_major(v_obs, layout)
+    )
+    t64 = lambda x: torch.as_tensor(np.asarray(x, dtype=np.float64))  # noqa: E731
+    out = vtrace_from_log_probs(
+        behaviour_log_probs=torch.zeros(layout.source.shape, dtype=torch.float64),
+        target_log_probs=t64(gather_time_major(log_rhos, layout)),
+        discounts=t64(GAMMA * (1.0 - gather_time_major(terminated, layout))),
+        rewards=t64(gather_time_major(rewards, layout)),
+        values=t64(values),
+        bootstrap_value=t64(values[-1]),
+        mask=torch.as_tensor(layout.mask),
+        clip_rho_threshold=1.2,
+        clip_pg_rho_threshold=1.0,
+        lambda_=lambda_,
+    )
+    for b in range(num_rows):
+        real_positions = np.flatnonzero(layout.mask[:, b])
+        assert layout.source[real_positions, b].tolist() == list(range(num_steps))
+        for start, stop, end in segments_of_row(terminated, truncated, b):
+            vs, pg = segment_vtrace(
+                Segment(
+                    rewards=rewards[start:stop, b],
+                    values=v_obs[start:stop, b],
+                    log_rhos=log_rhos[start:stop, b],
+                    next_value=float(v_next[stop - 1, b]),
+                    end=end,
+                ),
+                gamma=GAMMA,
+                clip_rho_threshold=1.2,
+                clip_pg_rho_threshold=1.0,
+                lambda_=lambda_,
+            )
+            at = real_positions[start:stop]
+            np.testing.assert_allclose(out.vs[at, b].numpy(), vs, rtol=1e-10, atol=1e-12)
+            np.testing.assert_allclose(out.pg_advantages[at, b].numpy(), pg, rtol=1e-10)
+
+
+@pytest.mark.parametrize(
+    ("terminated", "truncated", "match"),
+    [
+        (np.zeros(3, bool), np.zeros(3, bool), "terminated must be"),
+        (np.zeros((0, 2), bool), np.zeros((0, 2), bool), "terminated must be"),
+        (np.zeros((3, 2), bool), np.zeros((3, 1), bool), "truncated has shape"),
+    ],
+)
+def test_layout_rejects_bad_shapes(terminated, truncated, match):
+    with pytest.raises(ValueError, match=match):
+        final_step_layout(terminated, truncated)
+
+
+def test_loss_is_the_masked_mean_of_its_terms_with_gradients():
+    """Each term by hand over the real steps; masked steps (even -inf log-probs there) add
+    nothing; gradients reach the log-probs, values and entropy."""
+    rng = np.random.default_rng(0)
+    shape = (5, 3)
+    mask = torch.as_tensor(rng.random(shape) < 0.7)
+    mask[0, 0] = True
+    target_logp = torch.tensor(np.log(rng.uniform(0.1, 0.9, shape)), requires_grad=True)
+    behaviour_logp = torch.as_tensor(np.log(rng.uniform(0.1, 0.9, shape)))
+    values = torch.tensor(rng.normal(size=shape), requires_grad=True)
+    entropy = torch.tensor(rng.uniform(0.1, 0.7, shape), requires_grad=True)
+    rewards = torch.as_tensor(rng.normal(size=shape))
+    discounts = torch.full(shape, GAMMA, dtype=torch.float64)
+    bootstrap = torch.as_tensor(rng.normal(size=shape[1]))
+    with torch.no_grad():
+        padded_logp = torch.where(mask, target_logp, torch.tensor(-np.inf, dtype=torch.float64))
+    kwargs = dict(
+        behaviour_log_probs=behaviour_logp,
+        rewards=rewards,
+        discounts=discounts,
+        bootstrap_value=bootstrap,
+        mask=mask,
+        vf_loss_coeff=0.3,
+        entropy_coeff=0.02,
+        clip_rho_threshold=1.0,
+        clip_pg_rho_threshold=1.0,
+        lambda_=0.9,
+    )
+    loss = vtrace_actor_critic_loss(
+        target_log_probs=target_logp, entropy=entropy, values=values, **kwargs
+    )
+    targets = vtrace_from_log_probs(
+        behaviour_log_probs=behaviour_logp,
+        target_log_probs=target_logp,
+        discounts=discounts,
+        rewards=rewards,
+        values=values,
+        bootstrap_value=bootstrap,
+        mask=mask,
+        lambda_=0.9,
+    )
+    real = mask.numpy()
+    pi = -(target_logp.detach().numpy() * targets.pg_advantages.numpy())[real].mean()
+    vf = 0.5 * ((values.detach().numpy() - targets.vs.numpy()) ** 2)[real].mean()
+    ent = entropy.detach().numpy()[real].mean()
+    rho = np.exp(target_logp.detach().numpy() - behaviour_logp.numpy())[real].mean()
+    np.testing.assert_allclose(loss.pi_loss.item(), pi, rtol=1e-12)
+    np.testing.assert_allclose(loss.vf_loss.item(), vf, rtol=1e-12)
+    np.testing.assert_allclose(loss.entropy.item(), ent, rtol=1e-12)
+    np.testing.assert_allclose(loss.mean_rho.item(), rho, rtol=1e-12)
+    np.testing.assert_allclose(loss.total.item(), pi + 0.3 * vf - 0.02 * ent, rtol=1e-12)
+    loss.total.backward()
+    for x in (target_logp, values, entropy):
+        assert x.grad is not None and torch.all(x.grad[~mask] == 0) and x.grad[mask].abs().sum() > 0
+
+    with torch.no_grad():  # -inf log-probs at masked steps change nothing
+        masked = vtrace_actor_critic_loss(
+            target_log_probs=torch.where(mask, target_logp, padded_logp),
+            entropy=entropy,
+            values=values,
+            **kwargs,
+        )
+    assert torch.isfinite(masked.total)
+    np.testing.assert_allclose(masked.total.item(), loss.total.item(), rtol=1e-12)
+
+
+def test_loss_rejects_an_all_masked_batch_and_mismatched_shapes():
+    ones = torch.ones(3, 2)
+    kwargs = dict(
+        target_log_probs=ones,
+        behaviour_log_probs=ones,
+        entropy=ones,
+        values=ones,
+        bootstrap_value=torch.ones(2),
+        rewards=ones,
+        discounts=ones,
+        vf_loss_coeff=0.5,
+        entropy_coeff=0.0,
+    )
+    with pytest.raises(ValueError, match="no real step"):
+        vtrace_actor_critic_loss(mask=torch.zeros(3, 2), **kwargs)
+    with pytest.raises(ValueError, match="entropy has shape"):
+        vtrace_actor_critic_loss(mask=torch.ones(3, 2), **{**kwargs, "entropy": torch.ones(3)})
