@@ -27,11 +27,15 @@ import ray
 import torch
 from tianshou.algorithm.modelfree.dqn import DiscreteQLearningPolicy
 from tianshou.algorithm.optim import AdamOptimizerFactory
-from tianshou.data import Collector
-from tianshou.env import DummyVectorEnv
 from tianshou.trainer import OffPolicyTrainerParams
-from tianshou.utils import TensorboardLogger
 from tianshou.utils.net.common import Net
+from tianshou_progress import (
+    CurveLogger,
+    final_greedy_return,
+    greedy_collector,
+    log_outputs,
+    plot_curve,
+)
 from torch.utils.tensorboard import SummaryWriter
 from tqdm.contrib.logging import logging_redirect_tqdm
 
@@ -44,73 +48,6 @@ ENV = "CartPole-v1"
 
 def make_env() -> gym.Env:
     return gym.make(ENV)
-
-
-class CurveLogger(TensorboardLogger):
-    """Tianshou's TensorBoard logger that also keeps the learning curve and logs progress.
-
-    ``test_curve`` holds ``(env steps, mean test return)`` per test step; ``training_curve``
-    holds ``(env steps, mean episode return of the exploring actors)`` per training log (when
-    episodes finished in that collect step). Each training log also prints one progress line.
-    """
-
-    def __init__(self, writer: SummaryWriter, **kwargs: int | None) -> None:
-        super().__init__(writer, **kwargs)
-        self.test_curve: list[tuple[int, float]] = []
-        self.training_curve: list[tuple[int, float]] = []
-
-    def log_training_data(self, log_data: dict, step: int) -> None:
-        super().log_training_data(log_data, step)
-        if self.last_log_training_step != step:  # within the training interval: not logged
-            return
-        data = self.prepare_dict_for_logging(log_data)
-        episode_return = float(data.get("returns_stat/mean", math.nan))
-        if not math.isnan(episode_return):
-            self.training_curve.append((step, episode_return))
-        log.info(
-            "env steps %7d | actors %5.0f steps/s | replay %6d (%.2f samples/insert) | "
-            "policy lag %5.1f | episode return %6.1f",
-            step,
-            data.get("env_steps_per_s", data.get("collect_speed", math.nan)),
-            data.get("replay/size", 0),
-            data.get("replay/samples_per_insert", math.nan),
-            data.get("policy_lag_mean", math.nan),
-            episode_return,
-        )
-
-    def log_test_data(self, log_data: dict, step: int) -> None:
-        super().log_test_data(log_data, step)
-        self.test_curve.append((step, float(log_data["returns_stat"]["mean"])))
-
-
-def plot_curve(logger: CurveLogger, path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(6.5, 3.8))
-    if logger.training_curve:
-        steps, returns = zip(*logger.training_curve, strict=True)
-        ax.plot(steps, returns, label="episode return (exploring actors)", alpha=0.7)
-    if logger.test_curve:
-        steps, returns = zip(*logger.test_curve, strict=True)
-        ax.plot(steps, returns, label="greedy test return (10 episodes)", marker="o")
-    ax.set_xlabel("env steps")
-    ax.set_ylabel("return")
-    ax.set_title("GorilaDQN on CartPole-v1 (Tianshou, rl-dist-ext)")
-    ax.grid(alpha=0.3)
-    ax.legend(loc="lower right")
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-
-
-def greedy_collector(policy: DiscreteQLearningPolicy, episodes: int, seed: int) -> Collector:
-    """A Tianshou collector over ``episodes`` envs: one greedy episode per env per collect."""
-    envs = DummyVectorEnv([make_env] * episodes)
-    envs.seed([seed + i for i in range(episodes)])
-    return Collector(policy, envs)
 
 
 def main() -> None:
@@ -153,10 +90,20 @@ def main() -> None:
         batches_per_request=4,  # one replay round trip serves 4 learner batches
         seed=args.seed,
     )
-    collector = test_collector = eval_collector = None
+    collector = test_collector = None
     checkpoint_dir = (args.out / "checkpoint").resolve()
     writer = SummaryWriter(str(args.out / "tb"))
-    logger = CurveLogger(writer, training_interval=1_000, save_interval=1)
+    logger = CurveLogger(
+        writer,
+        progress_fields={
+            "actors steps/s": "env_steps_per_s",
+            "replay": "replay/size",
+            "samples/insert": "replay/samples_per_insert",
+            "policy lag": "policy_lag_mean",
+        },
+        training_interval=1_000,
+        save_interval=1,
+    )
 
     def save_checkpoint(epoch: int, env_step: int, gradient_step: int) -> str:
         checkpoint_dir.mkdir(parents=True, exist_ok=True)
@@ -175,7 +122,7 @@ def main() -> None:
             num_cpus_per_actor=args.cpus_per_actor,
             seed=args.seed,
         )
-        test_collector = greedy_collector(policy, episodes=10, seed=10_000 + args.seed)
+        test_collector = greedy_collector(policy, make_env, episodes=10, seed=10_000 + args.seed)
         start = time.perf_counter()
         with logging_redirect_tqdm():
             info = algorithm.run_training(
@@ -195,22 +142,21 @@ def main() -> None:
                     verbose=False,  # Tianshou logs each test result through `logging` anyway
                 )
             )
-        eval_collector = greedy_collector(policy, episodes=10, seed=123_456)
-        eval_collector.reset()
-        final = float(eval_collector.collect(n_episode=10).returns_stat.mean)
-        plot_curve(logger, args.out / "learning_curve.png")
+        final = final_greedy_return(policy, make_env)
+        plot_curve(
+            logger,
+            args.out / "learning_curve.png",
+            "GorilaDQN on CartPole-v1 (Tianshou, rl-dist-ext)",
+        )
     finally:
         logger.finalize()
-        for c in (eval_collector, test_collector):
-            if c is not None:
-                c.close()
+        if test_collector is not None:
+            test_collector.close()
         if collector is not None:
             collector.close()
         buffer.close()
         ray.shutdown()
-    log.info("checkpoint (algorithm and replay): %s", checkpoint_dir)
-    log.info("tensorboard logs: %s", args.out / "tb")
-    log.info("learning curve: %s", args.out / "learning_curve.png")
+    log_outputs(args.out, f"{checkpoint_dir} (algorithm and replay)")
     print(
         f"final greedy evaluation return (10 episodes): {final:.1f} after {info.train_step} "
         f"env steps in {time.perf_counter() - start:.0f} s"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import time
 
 import pytest
 
@@ -24,3 +25,27 @@ def alive_actor_count() -> int:
     from ray._private import state
 
     return sum(1 for info in state.actors().values() if info["State"] == "ALIVE")
+
+
+def alive_actor_ids() -> set[str]:
+    """Ids of the actors alive in the Ray session."""
+    from ray._private import state
+
+    return {aid for aid, info in state.actors().items() if info["State"] == "ALIVE"}
+
+
+def wait_until_not_alive(actor_ids: set[str], timeout_s: float = 60.0) -> set[str]:
+    """The ids still alive once none are or ``timeout_s`` passed (ray.kill is asynchronous)."""
+    deadline = time.monotonic() + timeout_s
+    while (left := actor_ids & alive_actor_ids()) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return left
+
+
+@pytest.fixture(scope="module")
+def cluster(ray_session):
+    """The module's Ray session; on teardown, no actor started in the module may be alive."""
+    before = alive_actor_ids()
+    yield ray_session
+    leaked = wait_until_not_alive(alive_actor_ids() - before)
+    assert not leaked, f"actors left alive by this module: {leaked}"

@@ -138,6 +138,37 @@ def test_tianshou_gorila_example_trains_and_writes_checkpoint_and_curve(tmp_path
     assert state["_extra_state"]["num_gradient_updates"] > 0
 
 
+def test_tianshou_vtrace_example_trains_and_writes_checkpoint_and_curve(tmp_path):
+    out = run_script(
+        "examples/tianshou_vtrace_cartpole.py",
+        "--env-steps",
+        "2048",
+        "--epoch-steps",
+        "1024",
+        "--num-actors",
+        "2",
+        "--envs-per-actor",
+        "2",
+        "--steps-per-env",
+        "16",
+        "--collect-steps",
+        "128",
+        "--batch-size",
+        "64",
+        "--out",
+        str(tmp_path),
+    )
+    assert "final greedy evaluation return (10 episodes):" in out
+    assert "policy lag" in out and "queue fill" in out  # progress lines
+    assert list((tmp_path / "tb").glob("events.out.tfevents.*"))
+    assert (tmp_path / "learning_curve.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+    import torch
+
+    state = torch.load(tmp_path / "checkpoint" / "algorithm.pt", weights_only=False)
+    assert state["_extra_state"]["num_gradient_updates"] > 0
+
+
 def test_tianshou_gorila_vs_dqn_bench_writes_json_and_table(tmp_path):
     run_script(
         "benchmarks/tianshou_gorila_vs_dqn.py",

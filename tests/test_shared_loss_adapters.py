@@ -2,7 +2,7 @@
 
 Both adapters call ``rl_dist_ext.ops.dqn.double_dqn_loss``; this test checks that the glue
 around it (batch columns, which network selects and which evaluates the next action, the loss
-type, the importance weights) is the same on both sides. The RLlib learner is built in-process
+type, the importance weights) is the same on both sides. The RLlib learners are built in-process
 (``config.build_learner``, no Ray actors); its online and target networks are copied layer by layer
 into a Tianshou ``Net`` and the algorithm's target copy, so both compute identical Q-values.
 """
@@ -188,3 +188,168 @@ def test_one_batch_gives_the_same_loss_and_td_errors_on_both_adapters(
     unweighted = tianshou_loss(algorithm, rows, ones).loss
     assert not torch.allclose(unweighted, t_out.loss, atol=1e-3)
     assert torch.allclose(rllib_loss(learner, rows, ones)[0], unweighted, atol=1e-6)
+
+
+# ---- V-trace: the RLlib VTrace learner and the Tianshou VTrace algorithm ------------------------
+
+VT_T = 6  # the Tianshou trajectory length
+VT_FRAGMENT = VT_T + 2  # RLlib's row length that puts one Tianshou row (plus extra steps) per row
+VT_GAMMA, VT_VF, VT_ENT, VT_RHO, VT_PG_RHO, VT_LAMBDA = 0.95, 0.7, 0.03, 1.5, 1.0, 0.9
+
+
+def vtrace_trajectory(seed: int = 0):
+    """``[T, 3]`` steps: row 0 truncated by the env at t=2 then cut; row 1 terminated at t=3,
+    a new episode, then cut; row 2 one episode cut at the end. Behaviour probabilities far from
+    the initial policy's, so that some importance ratios are clipped."""
+    from rl_dist_ext.impala import Trajectory
+
+    rng = np.random.default_rng(seed)
+    shape = (VT_T, 3)
+    terminated = np.zeros(shape, bool)
+    truncated = np.zeros(shape, bool)
+    truncated[2, 0] = True
+    terminated[3, 1] = True
+    columns = {
+        "obs": rng.normal(size=(*shape, OBS_DIM)).astype(np.float32),
+        "actions": rng.integers(NUM_ACTIONS, size=shape),
+        "rewards": rng.normal(1.0, 0.5, size=shape).astype(np.float32),
+        "next_obs": rng.normal(size=(*shape, OBS_DIM)).astype(np.float32),
+        "terminated": terminated,
+        "truncated": truncated,
+        "behaviour_logp": np.log(rng.choice([0.08, 0.3, 0.6, 0.95], size=shape)).astype(np.float32),
+    }
+    # Within an episode, next_obs[t] is obs[t + 1]; across an episode end it is the final obs.
+    for b in range(3):
+        for t in range(VT_T - 1):
+            if not (terminated[t, b] or truncated[t, b]):
+                columns["next_obs"][t, b] = columns["obs"][t + 1, b]
+    return Trajectory(columns, acting_version=0.0)
+
+
+def rllib_vtrace_batch(trajectory) -> dict:
+    """The trajectory as RLlib's learner connector lays it out: each episode piece followed by
+    an extra step holding its final observation (LOSS_MASK False, reward 0, not terminated)."""
+    from ray.rllib.core.columns import Columns
+
+    c = trajectory.columns
+    columns = {k: [] for k in ("obs", "act", "rew", "term", "mask", "logp")}
+
+    def add(obs, act, rew, term, mask, logp):
+        for key, value in zip(columns, (obs, act, rew, term, mask, logp), strict=True):
+            columns[key].append(value)
+
+    for b in range(c["rewards"].shape[1]):
+        for t in range(VT_T):
+            add(c["obs"][t, b], c["actions"][t, b], c["rewards"][t, b],
+                c["terminated"][t, b], True, c["behaviour_logp"][t, b])  # fmt: skip
+            if c["terminated"][t, b] or c["truncated"][t, b] or t == VT_T - 1:
+                add(c["next_obs"][t, b], 0, 0.0, False, False, 0.0)
+    assert len(columns["obs"]) == 2 * VT_FRAGMENT + VT_FRAGMENT - 1  # rows 0, 1 full; 2 padded
+    return {
+        Columns.OBS: torch.as_tensor(np.stack(columns["obs"])),
+        Columns.ACTIONS: torch.as_tensor(np.asarray(columns["act"], dtype=np.int64)),
+        Columns.REWARDS: torch.as_tensor(np.asarray(columns["rew"], dtype=np.float32)),
+        Columns.TERMINATEDS: torch.as_tensor(np.asarray(columns["term"])),
+        Columns.LOSS_MASK: torch.as_tensor(np.asarray(columns["mask"])),
+        Columns.ACTION_LOGP: torch.as_tensor(np.asarray(columns["logp"], dtype=np.float32)),
+    }
+
+
+def test_one_trajectory_batch_gives_the_same_vtrace_loss_on_both_adapters():
+    """Same networks, same steps (an env truncation, a termination, cuts at the row ends): the
+    RLlib VTrace learner's loss on its own layout equals the Tianshou VTrace algorithm's."""
+    from ray.rllib.core import DEFAULT_MODULE_ID
+    from ray.rllib.core.columns import Columns
+    from tianshou.algorithm.modelfree.reinforce import ProbabilisticActorPolicy
+    from tianshou.algorithm.optim import AdamOptimizerFactory
+    from tianshou.utils.net.common import Net
+    from tianshou.utils.net.discrete import DiscreteActor, DiscreteCritic
+
+    from rl_dist_ext.impala import time_major_batch
+    from rllib_plugins import VTraceConfig
+    from tianshou_plugins import VTrace
+
+    torch.manual_seed(0)
+    config = (
+        VTraceConfig()
+        .environment("CartPole-v1")
+        .framework("torch")
+        .env_runners(rollout_fragment_length=VT_FRAGMENT)
+        .rl_module(
+            model_config={
+                "fcnet_hiddens": [HIDDEN],
+                "fcnet_activation": "relu",
+                "head_fcnet_hiddens": [],
+                "vf_share_layers": False,
+            }
+        )
+        .training(
+            gamma=VT_GAMMA,
+            vf_loss_coeff=VT_VF,
+            entropy_coeff=VT_ENT,
+            vtrace_clip_rho_threshold=VT_RHO,
+            vtrace_clip_pg_rho_threshold=VT_PG_RHO,
+            vtrace_lambda=VT_LAMBDA,
+        )
+        .central_inference(enabled=False)
+        .debugging(seed=0)
+    )
+    learner = config.build_learner(env=gym.make("CartPole-v1"))
+    try:
+        module = learner.module[DEFAULT_MODULE_ID]
+        obs_space = gym.spaces.Box(-np.inf, np.inf, (OBS_DIM,), np.float32)
+        actor = DiscreteActor(
+            preprocess_net=Net(state_shape=OBS_DIM, hidden_sizes=[HIDDEN]),
+            action_shape=NUM_ACTIONS,
+            hidden_sizes=[],
+            softmax_output=False,
+        )
+        critic = DiscreteCritic(
+            preprocess_net=Net(state_shape=OBS_DIM, hidden_sizes=[HIDDEN]), hidden_sizes=[]
+        )
+        copy_linears([module.encoder.actor_encoder, module.pi], actor)
+        copy_linears([module.encoder.critic_encoder, module.vf], critic)
+        algorithm = VTrace(
+            policy=ProbabilisticActorPolicy(
+                actor=actor,
+                dist_fn=lambda logits: torch.distributions.Categorical(logits=logits),
+                action_scaling=False,
+                action_bound_method=None,
+                action_space=gym.spaces.Discrete(NUM_ACTIONS),
+                observation_space=obs_space,
+            ),
+            critic=critic,
+            optim=AdamOptimizerFactory(lr=1e-3),
+            vf_coef=VT_VF,
+            ent_coef=VT_ENT,
+            gamma=VT_GAMMA,
+            clip_rho_threshold=VT_RHO,
+            clip_pg_rho_threshold=VT_PG_RHO,
+            vtrace_lambda=VT_LAMBDA,
+        )
+        trajectory = vtrace_trajectory()
+        batch = rllib_vtrace_batch(trajectory)
+        fwd_out = module.forward_train(batch)
+        r_loss = learner.compute_loss_for_module(
+            module_id=DEFAULT_MODULE_ID, config=learner.config, batch=batch, fwd_out=fwd_out
+        )
+        t_loss = algorithm.compute_loss(algorithm._tensors(time_major_batch([trajectory])))
+    finally:
+        learner.shutdown()
+
+    # Same networks on both sides.
+    obs = batch[Columns.OBS]
+    with torch.no_grad():
+        logits = actor(obs)[0]
+        torch.testing.assert_close(fwd_out[Columns.ACTION_DIST_INPUTS], logits, atol=1e-6, rtol=0)
+        torch.testing.assert_close(
+            module.compute_values(batch), critic(obs)[:, 0], atol=1e-6, rtol=0
+        )
+    # Some importance ratios are clipped, some not: the thresholds matter.
+    log_rhos = torch.log_softmax(logits, -1).gather(1, batch[Columns.ACTIONS][:, None])[:, 0]
+    rhos = (log_rhos - batch[Columns.ACTION_LOGP]).exp()[batch[Columns.LOSS_MASK]]
+    assert (rhos > VT_RHO).any() and (rhos < 1.0).any()
+    torch.testing.assert_close(t_loss.total, r_loss, atol=1e-6, rtol=1e-6)
+    logged = learner.metrics.peek(DEFAULT_MODULE_ID)
+    for name, value in (("mean_pi_loss", t_loss.pi_loss), ("mean_vf_loss", t_loss.vf_loss)):
+        np.testing.assert_allclose(float(logged[name]), float(value), rtol=1e-5)

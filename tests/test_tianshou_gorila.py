@@ -18,6 +18,7 @@ import gymnasium as gym
 import numpy as np
 import pytest
 import torch
+from conftest import alive_actor_ids, wait_until_not_alive
 from tianshou.algorithm.modelfree.dqn import DiscreteQLearningPolicy
 from tianshou.algorithm.optim import AdamOptimizerFactory
 from tianshou.data import Batch, Collector, ReplayBuffer
@@ -93,20 +94,6 @@ def gradient_steps(algo: GorilaDQN, buffer, n: int, batch_size: int = 32) -> Non
     with policy_within_training_step(algo.policy):
         for _ in range(n):
             algo.update(buffer, batch_size)
-
-
-def alive_actor_ids() -> set[str]:
-    from ray._private import state
-
-    return {aid for aid, info in state.actors().items() if info["State"] == "ALIVE"}
-
-
-def wait_until_not_alive(actor_ids: set[str], timeout_s: float = 60.0) -> set[str]:
-    """The ids still alive once none are or ``timeout_s`` passed (ray.kill is asynchronous)."""
-    deadline = time.monotonic() + timeout_s
-    while (left := actor_ids & alive_actor_ids()) and time.monotonic() < deadline:
-        time.sleep(0.2)
-    return left
 
 
 # ---- GorilaDQN without Ray ----------------------------------------------------------------------
@@ -277,15 +264,6 @@ def test_unstarted_buffer_is_empty_and_does_not_pickle():
 
 
 # ---- Ray: the buffer's API ----------------------------------------------------------------------
-@pytest.fixture(scope="module")
-def cluster(ray_session):
-    """The module's Ray session; on teardown, no actor started here may be left alive."""
-    before = alive_actor_ids()
-    yield ray_session
-    leaked = wait_until_not_alive(alive_actor_ids() - before)
-    assert not leaked, f"actors left alive by this module: {leaked}"
-
-
 @pytest.fixture
 def started_buffer(cluster, request):
     buffers: list[DistributedPrioritizedReplayBuffer] = []

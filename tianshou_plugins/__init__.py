@@ -1,18 +1,30 @@
-"""Tianshou 2.0 adapters: Gorila / Ape-X DQN with a distributed replay and Ray actors.
+"""Tianshou 2.0 adapters: Gorila / Ape-X DQN and IMPALA / V-trace with Ray actors.
 
 ``GorilaDQN`` (the algorithm), ``GorilaCollector`` (N asynchronous Ray actors, each running
 Tianshou's own ``Collector``) and ``DistributedPrioritizedReplayBuffer`` (rl-dist-ext's sharded
 replay behind Tianshou's buffer API); Tianshou's ``OffPolicyTrainer`` drives them unchanged.
+``VTrace`` (IMPALA's off-policy actor-critic) and ``VTraceCollector`` (asynchronous actors
+returning fixed-length trajectories with their behaviour log-probs); Tianshou's
+``OnPolicyTrainer`` drives them.
 """
 
+from tianshou_plugins.actor_collector import ActorCollectStats
 from tianshou_plugins.buffer import DistributedPrioritizedReplayBuffer
 from tianshou_plugins.collector import GorilaCollector, GorilaCollectStats
 from tianshou_plugins.gorila_dqn import GorilaDQN, GorilaTrainingStats
+from tianshou_plugins.vtrace import VTrace, VTraceTrainingStats, categorical_from_logits
+from tianshou_plugins.vtrace_collector import VTraceCollector, VTraceCollectStats
 
 __all__ = [
+    "ActorCollectStats",
     "DistributedPrioritizedReplayBuffer",
     "GorilaCollectStats",
     "GorilaCollector",
     "GorilaDQN",
     "GorilaTrainingStats",
+    "VTrace",
+    "VTraceCollectStats",
+    "VTraceCollector",
+    "VTraceTrainingStats",
+    "categorical_from_logits",
 ]

@@ -1,11 +1,14 @@
-"""One Gorila actor: Tianshou's own ``Collector`` over ``M`` envs, pushing to the shared replay.
+"""The acting processes: Tianshou's own ``Collector`` over ``M`` envs with a local policy copy.
 
-A plain class (unit-testable without Ray); :class:`~tianshou_plugins.GorilaCollector` starts N of
-them as Ray actors. Each call of :meth:`GorilaActor.collect_and_push` is one core actor step
+Plain classes (unit-testable without Ray); the collectors start N of them as Ray actors.
+:class:`EnvActor` is what they share (envs, seeds, a ``[T, M]`` rollout). Each call of
+:meth:`GorilaActor.collect_and_push` is one Gorila actor step
 (:class:`rl_dist_ext.gorila.ActorStep`: pull newer weights when ``weight_sync_every_n_steps`` env
-steps have passed, act, fold n-step transitions, initial priorities from the local network,
-push); this class supplies Tianshou's collection of ``steps_per_env`` steps from every env with
-the actor's own epsilon.
+steps have passed, act with the actor's own epsilon, fold n-step transitions, initial priorities
+from the local network, push to the shared replay); each call of
+:meth:`VTraceActor.collect_trajectory` is one IMPALA actor step
+(:class:`rl_dist_ext.impala.TrajectoryActorStep`: pull if due, act, record the behaviour
+log-probs, return the trajectory).
 """
 
 from __future__ import annotations
@@ -17,12 +20,14 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 import torch
-from tianshou.algorithm.algorithm_base import policy_within_training_step
+from tianshou.algorithm.algorithm_base import Policy, policy_within_training_step
 from tianshou.algorithm.modelfree.dqn import DiscreteQLearningPolicy
-from tianshou.data import Collector, CollectStats, VectorReplayBuffer
+from tianshou.algorithm.modelfree.reinforce import ProbabilisticActorPolicy
+from tianshou.data import Collector, VectorReplayBuffer
 from tianshou.env import DummyVectorEnv
 
 from rl_dist_ext.gorila import ActorStep, Rollout
+from rl_dist_ext.impala import TrajectoryActorStep
 
 
 def q_values(model: torch.nn.Module, obs: torch.Tensor) -> torch.Tensor:
@@ -35,7 +40,96 @@ def cpu_state_dict(module: torch.nn.Module) -> dict[str, torch.Tensor]:
     return {k: v.detach().cpu().clone() for k, v in module.state_dict().items()}
 
 
-class GorilaActor:
+class EnvActor:
+    """Tianshou's own ``Collector`` over ``num_envs`` envs with a local copy of ``policy``.
+
+    What every actor kind shares: the envs (a ``DummyVectorEnv``, seeded per actor), the local
+    policy on the CPU, and :meth:`collect_rollout`, which steps every env ``steps_per_env``
+    times and returns the steps as time-major ``[T, M]`` arrays with Tianshou's collect stats.
+    """
+
+    def __init__(
+        self,
+        *,
+        policy: Policy,
+        env_factory: Callable[[], gym.Env],
+        num_envs: int,
+        steps_per_env: int,
+        actor_index: int,
+        seed: int | None = None,
+    ) -> None:
+        torch.set_num_threads(1)
+        self.actor_index = actor_index
+        self._steps_per_env = steps_per_env
+        self._num_envs = num_envs
+        self.policy = copy.deepcopy(policy).to("cpu")
+        self.envs = DummyVectorEnv([env_factory] * num_envs)
+        if seed is not None:
+            base = seed + 10_000 * actor_index
+            np.random.seed(base)  # Tianshou's epsilon-greedy draws from numpy's global RNG
+            torch.manual_seed(base)
+            self.envs.seed([base + i for i in range(num_envs)])
+        self._buffer = VectorReplayBuffer(num_envs * steps_per_env, num_envs)
+        self._collector = Collector(self.policy, self.envs, self._buffer, exploration_noise=True)
+        self._collector.reset()
+        # Each env's episode so far (episodes span rollouts; Tianshou's own episode lengths
+        # count only what the rollout buffer still holds).
+        self._episode_return = np.zeros(num_envs)
+        self._episode_len = np.zeros(num_envs, dtype=int)
+
+    def ready(self) -> int:
+        """Answers once the constructor finished (envs built, weights pulled)."""
+        return self.actor_index
+
+    def reset_envs(self) -> tuple[np.ndarray, np.ndarray]:
+        """Start new episodes in every env; return their first observations and infos."""
+        self._episode_return[:] = 0.0
+        self._episode_len[:] = 0
+        return self._collector.reset_env()
+
+    def collect_rollout(self) -> dict[str, np.ndarray]:
+        """Step every env ``steps_per_env`` times (the policy in its training mode): the steps
+        as ``[T, M]`` arrays (env ``j`` in column ``j``)."""
+        self._buffer.reset()
+        with policy_within_training_step(self.policy):
+            self._collector.collect(n_step=self._num_envs * self._steps_per_env)
+        steps = np.arange(self._steps_per_env)
+        per_env = [buf[steps] for buf in self._buffer.buffers]
+
+        def stack(name: str, dtype: Any = None) -> np.ndarray:
+            return np.stack([np.asarray(b[name], dtype=dtype) for b in per_env], axis=1)
+
+        columns = {
+            "obs": stack("obs", np.float32),
+            "actions": stack("act"),
+            "rewards": stack("rew", np.float32),
+            "next_obs": stack("obs_next", np.float32),
+            "terminated": stack("terminated", bool),
+            "truncated": stack("truncated", bool),
+        }
+        return columns
+
+    def episode_stats(self, columns: dict[str, np.ndarray]) -> dict[str, Any]:
+        """The episodes that ended in this rollout, with their whole return and length."""
+        returns, lens = [], []
+        done = columns["terminated"] | columns["truncated"]
+        for t in range(done.shape[0]):
+            self._episode_return += columns["rewards"][t]
+            self._episode_len += 1
+            for j in np.flatnonzero(done[t]):
+                returns.append(self._episode_return[j])
+                lens.append(self._episode_len[j])
+                self._episode_return[j] = 0.0
+                self._episode_len[j] = 0
+        return {
+            "actor_index": self.actor_index,
+            "episodes": len(lens),
+            "returns": np.asarray(returns, dtype=float),
+            "lens": np.asarray(lens, dtype=int),
+        }
+
+
+class GorilaActor(EnvActor):
     """Acts with a local policy copy and epsilon ``epsilon``; see the module docstring.
 
     Args:
@@ -69,22 +163,16 @@ class GorilaActor:
         actor_index: int,
         seed: int | None = None,
     ) -> None:
-        torch.set_num_threads(1)
-        self.actor_index = actor_index
+        super().__init__(
+            policy=policy,
+            env_factory=env_factory,
+            num_envs=num_envs,
+            steps_per_env=steps_per_env,
+            actor_index=actor_index,
+            seed=seed,
+        )
         self.epsilon = float(epsilon)
-        self._steps_per_env = steps_per_env
-        self._num_envs = num_envs
-        self.policy = copy.deepcopy(policy).to("cpu")
         self.policy.set_eps_training(self.epsilon)
-        self.envs = DummyVectorEnv([env_factory] * num_envs)
-        if seed is not None:
-            base = seed + 10_000 * actor_index
-            np.random.seed(base)  # Tianshou's epsilon-greedy draws from numpy's global RNG
-            torch.manual_seed(base)
-            self.envs.seed([base + i for i in range(num_envs)])
-        self._buffer = VectorReplayBuffer(num_envs * steps_per_env, num_envs)
-        self._collector = Collector(self.policy, self.envs, self._buffer, exploration_noise=True)
-        self._collector.reset()
         self._step = ActorStep(
             replay=replay,
             gamma=gamma,
@@ -103,55 +191,107 @@ class GorilaActor:
     def env_steps(self) -> int:
         return self._step.env_steps
 
-    def ready(self) -> int:
-        """Answers once the constructor finished (envs built, weights pulled)."""
-        return self.actor_index
-
-    def reset_envs(self) -> tuple[np.ndarray, np.ndarray]:
-        """Start new episodes in every env; return their first observations and infos."""
-        return self._collector.reset_env()
-
     def collect_and_push(self) -> dict[str, Any]:
         """One core actor step of ``num_envs * steps_per_env`` env steps; return stats."""
-        collected: list[CollectStats] = []
+        episodes: list[dict[str, Any]] = []
 
         def act() -> Rollout:
-            self._buffer.reset()
-            with policy_within_training_step(self.policy):
-                collected.append(
-                    self._collector.collect(n_step=self._num_envs * self._steps_per_env)
-                )
-            return Rollout(self._rollout())
+            columns = self.collect_rollout()
+            episodes.append(self.episode_stats(columns))
+            columns["actions"] = columns["actions"].astype(np.int64)
+            return Rollout(columns)
 
         result = self._step.run(
             act=act,
             q_values=lambda obs: q_values(self.policy.model, obs),
             load_weights=self.policy.load_state_dict,
         )
-        stats = collected[0]
         return {
-            "actor_index": self.actor_index,
+            **episodes[0],
             "env_steps": result.env_steps,
-            "episodes": int(stats.n_collected_episodes),
-            "returns": np.asarray(stats.returns, dtype=float),
-            "lens": np.asarray(stats.lens, dtype=int),
             "weights_version": result.weights_version,
             "epsilon": self.epsilon,
         }
 
-    def _rollout(self) -> dict[str, np.ndarray]:
-        """The collected steps as ``[T, M]`` time-major arrays (env ``j`` in column ``j``)."""
-        steps = np.arange(self._steps_per_env)
-        per_env = [buf[steps] for buf in self._buffer.buffers]
 
-        def stack(name: str, dtype: Any = None) -> np.ndarray:
-            return np.stack([np.asarray(b[name], dtype=dtype) for b in per_env], axis=1)
+def behaviour_log_probs(
+    policy: ProbabilisticActorPolicy, obs: np.ndarray, actions: np.ndarray
+) -> np.ndarray:
+    """``[T, B]`` log mu(a_t|x_t) of ``[T, B, ...]`` steps under ``policy``'s current weights."""
+    num_steps, num_envs = actions.shape[:2]
+    with torch.no_grad():
+        flat_obs = torch.as_tensor(obs.reshape(num_steps * num_envs, *obs.shape[2:]))
+        dist = policy.dist_fn(policy.actor(flat_obs, state=None, info={})[0])
+        flat_actions = torch.as_tensor(actions.reshape(num_steps * num_envs, *actions.shape[2:]))
+        return dist.log_prob(flat_actions).reshape(num_steps, num_envs).cpu().numpy()
 
+
+class VTraceActor(EnvActor):
+    """An IMPALA actor: fixed-length trajectories with the behaviour log-probs.
+
+    Each :meth:`collect_trajectory` is one core actor step
+    (:class:`rl_dist_ext.impala.TrajectoryActorStep`): pull newer weights when
+    ``weight_sync_every_n_steps`` env steps have passed, step every env ``steps_per_env`` times
+    with the local policy (sampling its distribution), record log mu(a|x). Weights change only
+    between trajectories, so the log-probs are those of the weights that acted: they are
+    computed in one batched pass after acting.
+
+    Args:
+        policy: the learner's ``ProbabilisticActorPolicy`` (a copy is kept, on the CPU).
+        env_factory, num_envs, steps_per_env, actor_index, seed: as :class:`EnvActor`.
+        weights_server: the parameter server (``pull_if_newer``).
+        weight_sync_every_n_steps: env steps between weight pulls.
+    """
+
+    def __init__(
+        self,
+        *,
+        policy: ProbabilisticActorPolicy,
+        env_factory: Callable[[], gym.Env],
+        num_envs: int,
+        weights_server: Any,
+        weight_sync_every_n_steps: int,
+        steps_per_env: int,
+        actor_index: int,
+        seed: int | None = None,
+    ) -> None:
+        super().__init__(
+            policy=policy,
+            env_factory=env_factory,
+            num_envs=num_envs,
+            steps_per_env=steps_per_env,
+            actor_index=actor_index,
+            seed=seed,
+        )
+        self._step = TrajectoryActorStep(
+            weights=weights_server,
+            pull_every_n_steps=weight_sync_every_n_steps,
+            name=f"actor {actor_index}",
+        )
+        self._step.pull_weights(self.policy.load_state_dict)
+
+    @property
+    def weights_version(self) -> int:
+        return self._step.weights_version
+
+    def collect_trajectory(self) -> dict[str, Any]:
+        """One core actor step of ``num_envs * steps_per_env`` env steps: the trajectory and
+        the stats of the episodes that ended in it."""
+        episodes: list[dict[str, Any]] = []
+
+        def act() -> dict[str, np.ndarray]:
+            columns = self.collect_rollout()
+            episodes.append(self.episode_stats(columns))
+            columns["behaviour_logp"] = behaviour_log_probs(
+                self.policy, columns["obs"], columns["actions"]
+            )
+            return columns
+
+        trajectory = self._step.run(act=act, load_weights=self.policy.load_state_dict)
+        steps = trajectory.columns["rewards"].size
         return {
-            "obs": stack("obs", np.float32),
-            "actions": stack("act", np.int64),
-            "rewards": stack("rew", np.float32),
-            "next_obs": stack("obs_next", np.float32),
-            "terminated": stack("terminated", bool),
-            "truncated": stack("truncated", bool),
+            **episodes[0],
+            "env_steps": steps,
+            "weights_version": trajectory.acting_version,
+            "trajectory": trajectory,
         }

@@ -1,0 +1,424 @@
+"""Tianshou adapter: the V-trace algorithm (no Ray), VTraceCollector's asynchronous trajectory
+actors, Tianshou's on-policy trainer and logger, a killed actor, checkpoints and config errors
+(one shared 2-CPU Ray session).
+
+The loss equality with the RLlib learner is in test_shared_loss_adapters.py, the learning test
+in test_tianshou_vtrace_training.py.
+"""
+
+from __future__ import annotations
+
+import functools
+import time
+from types import SimpleNamespace
+
+import gymnasium as gym
+import numpy as np
+import pytest
+import torch
+from conftest import alive_actor_ids, wait_until_not_alive
+from tianshou.algorithm.modelfree.reinforce import ProbabilisticActorPolicy
+from tianshou.algorithm.optim import AdamOptimizerFactory
+from tianshou.data import Batch, Collector, VectorReplayBuffer
+from tianshou.env import DummyVectorEnv
+from tianshou.utils.net.common import Net
+from tianshou.utils.net.discrete import DiscreteActor, DiscreteCritic
+from tianshou.utils.torch_utils import policy_within_training_step
+
+from rl_dist_ext.impala import Trajectory
+from tianshou_plugins import VTrace, VTraceCollector, VTraceCollectStats, categorical_from_logits
+from tianshou_plugins.actor import behaviour_log_probs
+from tianshou_plugins.vtrace import steps_from_trajectory, trajectory_from_steps
+
+# Picklable by reference to gymnasium: the actors cannot import this test module.
+make_cartpole = functools.partial(gym.make, "CartPole-v1")
+
+
+def make_algo(seed: int = 0, hidden: tuple[int, ...] = (32, 32), lr: float = 1e-3, **overrides):
+    torch.manual_seed(seed)
+    actor = DiscreteActor(
+        preprocess_net=Net(state_shape=4, hidden_sizes=list(hidden)),
+        action_shape=2,
+        softmax_output=False,
+    )
+    critic = DiscreteCritic(preprocess_net=Net(state_shape=4, hidden_sizes=list(hidden)))
+    policy = ProbabilisticActorPolicy(
+        actor=actor,
+        dist_fn=categorical_from_logits,
+        action_scaling=False,
+        action_bound_method=None,
+        action_space=gym.spaces.Discrete(2),
+        observation_space=gym.spaces.Box(-np.inf, np.inf, (4,), np.float32),
+        deterministic_eval=True,
+    )
+    return VTrace(policy=policy, critic=critic, optim=AdamOptimizerFactory(lr=lr), **overrides)
+
+
+def make_collector(algo, **overrides) -> VTraceCollector:
+    settings = {
+        "env_factory": make_cartpole,
+        "num_actors": 2,
+        "envs_per_actor": 2,
+        "steps_per_env": 8,
+        "weight_sync_every_n_steps": 16,
+        "num_cpus_per_actor": 0.1,
+        "seed": 0,
+    }
+    settings.update(overrides)
+    return VTraceCollector(algo, **settings)
+
+
+def random_trajectory(seed: int, num_steps: int = 5, num_envs: int = 3) -> Trajectory:
+    rng = np.random.default_rng(seed)
+    shape = (num_steps, num_envs)
+    return Trajectory(
+        {
+            "obs": rng.normal(size=(*shape, 4)).astype(np.float32),
+            "actions": rng.integers(2, size=shape),
+            "rewards": rng.normal(size=shape).astype(np.float32),
+            "next_obs": rng.normal(size=(*shape, 4)).astype(np.float32),
+            "terminated": rng.random(shape) < 0.2,
+            "truncated": rng.random(shape) < 0.2,
+            "behaviour_logp": np.log(rng.uniform(0.2, 0.8, shape)).astype(np.float32),
+        },
+        acting_version=float(seed),
+    )
+
+
+def buffer_of(trajectories: list[Trajectory]) -> VectorReplayBuffer:
+    rows = sum(t.columns["rewards"].shape[1] for t in trajectories)
+    num_steps = trajectories[0].columns["rewards"].shape[0]
+    buffer = VectorReplayBuffer(rows * num_steps, rows)
+    first = 0
+    for trajectory in trajectories:
+        num_rows = trajectory.columns["rewards"].shape[1]
+        for step in steps_from_trajectory(trajectory, first_row=first):
+            buffer.add(step, buffer_ids=np.arange(first, first + num_rows))
+        first += num_rows
+    return buffer
+
+
+# ---- no Ray: trajectories through Tianshou's buffer, the update --------------------------------
+def test_trajectories_round_trip_through_a_tianshou_buffer_in_any_order():
+    trajectories = [random_trajectory(1), random_trajectory(2)]
+    buffer = buffer_of(trajectories)
+    batch, _ = buffer.sample(0)
+    shuffled = batch[np.random.default_rng(0).permutation(len(batch))]
+    back = trajectory_from_steps(shuffled)
+    for name, column in back.columns.items():
+        expected = np.concatenate([t.columns[name] for t in trajectories], axis=1)
+        np.testing.assert_array_equal(column, expected.astype(column.dtype), err_msg=name)
+    assert back.acting_version == pytest.approx(1.5)
+
+
+def test_incomplete_or_foreign_buffers_raise():
+    batch, _ = buffer_of([random_trajectory(1)]).sample(0)
+    with pytest.raises(ValueError, match="incomplete"):
+        trajectory_from_steps(batch[1:])
+    plain = Batch(obs=np.zeros((3, 4)), act=np.zeros(3), rew=np.zeros(3))
+    with pytest.raises(ValueError, match="VTraceCollector"):
+        trajectory_from_steps(plain)
+
+
+def test_update_takes_gradient_steps_by_rows_and_counts_versions():
+    algo = make_algo()
+    buffer = buffer_of([random_trajectory(1, num_envs=4), random_trajectory(2, num_envs=4)])
+    before = {k: v.clone() for k, v in algo.policy.state_dict().items()}
+    with policy_within_training_step(algo.policy):
+        # 5 real steps per row: batch_size 10 -> 2 rows per gradient step -> 4 steps per pass
+        stats = algo.update(buffer, batch_size=10, repeat=2)
+    assert stats.gradient_steps == 8 and stats.num_rows == 8
+    assert algo.num_gradient_updates == algo.weights_version == 8
+    assert np.isfinite([stats.loss, stats.pi_loss, stats.vf_loss, stats.entropy]).all()
+    assert any(not torch.equal(before[k], v) for k, v in algo.policy.state_dict().items())
+    with policy_within_training_step(algo.policy):
+        assert algo.update(buffer, batch_size=None, repeat=1).gradient_steps == 1
+
+
+def test_state_dict_round_trips_the_version_and_moves_it_on():
+    algo = make_algo()
+    buffer = buffer_of([random_trajectory(1)])
+    with policy_within_training_step(algo.policy):
+        algo.update(buffer, batch_size=None, repeat=3)
+    state = algo.state_dict()
+    fresh = make_algo(seed=1)
+    fresh.load_state_dict(state)
+    assert fresh.num_gradient_updates == 3
+    assert fresh.weights_version > 3  # restored weights are a new version
+    for key, value in algo.policy.state_dict().items():
+        torch.testing.assert_close(fresh.policy.state_dict()[key], value)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "error", "match"),
+    [
+        ({"vf_coef": -1.0}, ValueError, "vf_coef"),
+        ({"ent_coef": float("nan")}, ValueError, "ent_coef"),
+        ({"gamma": 1.5}, ValueError, "gamma"),
+        ({"max_grad_norm": 0.0}, ValueError, "max_grad_norm"),
+        ({"clip_rho_threshold": 0.0}, ValueError, "clip_rho_threshold"),
+        ({"clip_pg_rho_threshold": -1.0}, ValueError, "clip_pg_rho_threshold"),
+        ({"vtrace_lambda": 2.0}, ValueError, "vtrace_lambda"),
+        ({"critic": "not a network"}, TypeError, "critic"),
+    ],
+)
+def test_bad_algorithm_settings_raise(overrides, error, match):
+    algo = make_algo()
+    settings = {"policy": algo.policy, "critic": algo.critic, "optim": AdamOptimizerFactory()}
+    settings.update(overrides)
+    with pytest.raises(error, match=match):
+        VTrace(**settings)
+
+
+def test_a_non_probabilistic_policy_raises():
+    from tianshou.algorithm.modelfree.dqn import DiscreteQLearningPolicy
+
+    policy = DiscreteQLearningPolicy(
+        model=Net(state_shape=4, action_shape=2), action_space=gym.spaces.Discrete(2)
+    )
+    with pytest.raises(TypeError, match="ProbabilisticActorPolicy"):
+        VTrace(policy=policy, critic=make_algo().critic, optim=AdamOptimizerFactory())
+
+
+# ---- Ray: the collector -------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def vtrace(cluster):
+    """One algorithm and 2x2-env collector shared by the collector and trainer tests."""
+    algo = make_algo()
+    collector = make_collector(algo)
+    try:
+        yield SimpleNamespace(algo=algo, collector=collector)
+    finally:
+        collector.close()
+
+
+@pytest.mark.ray
+def test_collector_returns_trajectories_with_the_acting_logp_and_versions(vtrace):
+    algo, collector = vtrace.algo, vtrace.collector
+    assert collector.env_num == 4
+    obs, _ = collector.reset_env()
+    assert obs.shape == (4, 4)
+
+    stats = collector.collect(n_step=128)  # 3+ trajectories per env: episodes end inside
+    assert isinstance(stats, VTraceCollectStats)
+    assert stats.n_collected_steps >= 128 and stats.n_collected_steps % 16 == 0
+    assert stats.num_trajectories == stats.n_collected_steps // 16
+    assert 0.0 <= stats.queue_fill <= 1.0
+    assert stats.weights_version == 0 and stats.policy_lag_mean == 0
+    batch, _ = collector.buffer.sample(0)
+    trajectory = trajectory_from_steps(batch)
+    assert trajectory.columns["rewards"].shape == (8, 2 * stats.num_trajectories)
+    # No update yet: the actors acted with the learner's weights, so their log-probs are its.
+    expected = behaviour_log_probs(
+        algo.policy, trajectory.columns["obs"], trajectory.columns["actions"]
+    )
+    np.testing.assert_allclose(trajectory.columns["behaviour_logp"], expected, atol=1e-5)
+    # Episodes end inside rows (CartPole under a random policy lasts ~20 steps).
+    assert trajectory.columns["terminated"].any()
+    obs_next = trajectory.columns["next_obs"][:-1]
+    continuing = ~(trajectory.columns["terminated"] | trajectory.columns["truncated"])[:-1]
+    np.testing.assert_array_equal(obs_next[continuing], trajectory.columns["obs"][1:][continuing])
+
+    with policy_within_training_step(algo.policy):
+        algo.update(collector.buffer, batch_size=None, repeat=1)
+    collector.reset_buffer(keep_statistics=True)
+    lag_max = []
+    for _ in range(30):  # queued trajectories used older weights; later ones the new ones
+        stats = collector.collect(n_step=16)
+        assert stats.weights_version == algo.weights_version == 1
+        assert 0 <= stats.policy_lag_mean <= stats.policy_lag_max <= 1
+        lag_max.append(stats.policy_lag_max)
+        collector.reset_buffer(keep_statistics=True)
+        if stats.policy_lag_max == 0:
+            break
+    assert lag_max[-1] == 0, f"the actors never pulled the new weights: {lag_max}"
+
+    with pytest.raises(ValueError, match="collection_step_num_env_steps"):
+        collector.collect(n_step=collector.max_steps_per_collect + 4)
+    with pytest.raises(ValueError, match="random"):
+        collector.collect(n_step=16, random=True)
+
+
+@pytest.mark.ray
+def test_a_full_buffer_leaves_finished_trajectories_for_the_next_collect(cluster):
+    algo = make_algo()
+    collector = make_collector(algo, max_trajectories_per_collect=2, max_in_flight_per_actor=2)
+    try:
+        collector.collect(n_step=16)  # the actors start acting
+        collector.reset_buffer()
+        time.sleep(3.0)  # each actor finishes its 2 queued trajectories: only 2 of 4 fit
+        first = collector.collect(n_step=16)
+        assert first.num_trajectories == 2 and len(collector.buffer) == 32
+        assert first.queue_fill >= 0.75  # 3 or 4 of the 4 trajectories were waiting
+        collector.reset_buffer()
+        second = collector.collect(n_step=16)
+        assert second.num_trajectories == 2
+        assert second.queue_fill > 0  # they were waiting, not acted anew
+    finally:
+        collector.close()
+
+
+class BoxActionEnv(gym.Env):
+    action_space = gym.spaces.Box(-1.0, 1.0, (1,))
+    observation_space = gym.spaces.Box(-1.0, 1.0, (4,))
+
+
+@pytest.mark.ray
+@pytest.mark.parametrize(
+    ("overrides", "error", "match"),
+    [
+        ({"env_factory": lambda: gym.make("Acrobot-v1")}, ValueError, "action space"),
+        ({"env_factory": BoxActionEnv}, ValueError, "action space"),
+        ({"num_actors": 0}, ValueError, "num_actors"),
+        ({"steps_per_env": 0}, ValueError, "steps_per_env"),
+        ({"max_trajectories_per_collect": 1}, ValueError, "max_trajectories_per_collect"),
+        ({"num_cpus_per_actor": 8.0}, ValueError, "CPUs"),
+        ({"seed": -1}, ValueError, "seed"),
+    ],
+)
+def test_collector_config_errors_raise_before_any_actor_starts(cluster, overrides, error, match):
+    before = alive_actor_ids()
+    with pytest.raises(error, match=match):
+        make_collector(make_algo(), **overrides)
+    assert alive_actor_ids() <= before
+
+
+@pytest.mark.ray
+def test_collector_needs_the_vtrace_algorithm(cluster):
+    with pytest.raises(TypeError, match="VTrace algorithm"):
+        VTraceCollector(make_algo().policy, env_factory=make_cartpole)
+
+
+# ---- Ray: Tianshou's trainer and logger ---------------------------------------------------------
+@pytest.mark.ray
+def test_onpolicy_trainer_runs_and_logs_vtrace_fields(vtrace, tmp_path):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    from tianshou.trainer import OnPolicyTrainerParams
+    from tianshou.utils import TensorboardLogger
+    from torch.utils.tensorboard import SummaryWriter
+
+    algo = vtrace.algo
+    updates_before = algo.num_gradient_updates
+    logger = TensorboardLogger(
+        SummaryWriter(str(tmp_path / "tb")), training_interval=1, update_interval=1
+    )
+    test_envs = DummyVectorEnv([make_cartpole])
+    test_envs.seed(100)
+    try:
+        result = algo.run_training(
+            OnPolicyTrainerParams(
+                training_collector=vtrace.collector,
+                test_collector=Collector(algo.policy, test_envs),
+                max_epochs=1,
+                epoch_num_steps=256,
+                collection_step_num_env_steps=32,
+                batch_size=16,
+                test_step_num_episodes=1,
+                logger=logger,
+                show_progress=False,
+            )
+        )
+    finally:
+        logger.finalize()
+        test_envs.close()
+    assert result.train_step >= 256
+    assert algo.num_gradient_updates - updates_before >= 256 // 16
+
+    events = EventAccumulator(str(tmp_path / "tb"))
+    events.Reload()
+    tags = events.Tags()["scalars"]
+    for wanted in ("policy_lag_mean", "queue_fill", "env_steps_per_s", "actors/rollouts_lost"):
+        assert any(wanted in tag for tag in tags), (wanted, tags)
+    for wanted in ("mean_rho", "vf_loss", "weights_version"):
+        assert any(wanted in tag for tag in tags), (wanted, tags)
+
+
+# ---- Ray: faults and checkpoints ----------------------------------------------------------------
+@pytest.mark.ray
+def test_killed_actor_restarts_and_training_continues(cluster):
+    import ray
+
+    def make_slow_cartpole():  # defined here so that Ray ships it by value
+        class SlowCartPole(gym.Wrapper):
+            def step(self, action):
+                time.sleep(0.02)  # a trajectory (2 envs x 8 steps) takes ~0.35 s
+                return self.env.step(action)
+
+        return SlowCartPole(gym.make("CartPole-v1"))
+
+    algo = make_algo()
+    before = alive_actor_ids()
+    collector = make_collector(algo, env_factory=make_slow_cartpole)
+    try:
+        handle = collector._actor_pool.handles[0]
+        started = alive_actor_ids() - before  # 2 actors and the weights server
+        collector.collect(n_step=16)
+        ray.kill(handle, no_restart=False)
+        failures, from_restarted = 0, []
+        for _ in range(100):
+            stats = collector.collect(n_step=16)
+            batch, _ = collector.buffer.sample(0)
+            trajectory_from_steps(batch)  # whole trajectories only, even around the kill
+            with policy_within_training_step(algo.policy):
+                algo.update(collector.buffer, batch_size=None, repeat=1)
+            collector.reset_buffer(keep_statistics=True)
+            failures = max(failures, stats.actors["failures"])
+            if failures and stats.n_collected_steps:
+                from_restarted.append(stats)
+            if len(from_restarted) >= 3:
+                break
+        assert failures >= 1 and stats.actors["rollouts_lost"] >= 1
+        assert alive_actor_ids() - before <= started  # restarted in place, nothing new
+    finally:
+        collector.close()
+    assert not wait_until_not_alive(started)
+
+
+@pytest.mark.ray
+def test_restored_weights_reach_the_actors_as_a_new_version(cluster):
+    algo = make_algo()
+    collector = make_collector(algo)
+    try:
+        collector.collect(n_step=16)
+        snapshot = algo.state_dict()
+        with policy_within_training_step(algo.policy):
+            algo.update(collector.buffer, batch_size=None, repeat=2)
+        collector.reset_buffer()
+        algo.load_state_dict(snapshot)  # older weights, but a newer version
+        assert algo.weights_version > 2
+        for _ in range(30):
+            stats = collector.collect(n_step=16)
+            collector.reset_buffer()
+            if stats.policy_lag_max == 0:
+                break
+        assert stats.policy_lag_max == 0 and stats.weights_version == algo.weights_version
+    finally:
+        collector.close()
+
+
+def test_actors_report_whole_episodes_across_trajectories():
+    """An episode longer than one trajectory is reported with its whole return and length
+    (CartPole pays 1 per step), not only the steps of the trajectory it ended in."""
+    from rl_dist_ext.params import ParameterServer
+    from tianshou_plugins.actor import VTraceActor, cpu_state_dict
+
+    algo = make_algo()
+    server = ParameterServer()
+    server.publish(cpu_state_dict(algo.policy), 0)
+    actor = VTraceActor(
+        policy=algo.policy,
+        env_factory=make_cartpole,
+        num_envs=2,
+        weights_server=server,
+        weight_sync_every_n_steps=16,
+        steps_per_env=4,
+        actor_index=0,
+        seed=0,
+    )
+    lens, returns = [], []
+    for _ in range(30):
+        result = actor.collect_trajectory()
+        lens += result["lens"].tolist()
+        returns += result["returns"].tolist()
+    assert lens and max(lens) > 4, lens
+    np.testing.assert_allclose(returns, lens)

@@ -1,0 +1,352 @@
+"""What every rl-dist-ext collector shares: a Tianshou collector whose envs run in Ray actors.
+
+N actors (:mod:`tianshou_plugins.actor`), each stepping its own envs with a local policy copy,
+are kept busy by an :class:`~rl_dist_ext.actor_pool.ActorPool` (``max_in_flight_per_actor``
+rollouts queued each: the bound on how far acting runs ahead of learning). Each ``collect()``
+(what Tianshou's trainers call) publishes the learner's newest weights, then returns the
+rollouts that finished since the previous call, waiting only while fewer than the requested
+steps (or episodes) are in. An actor whose process dies is restarted by Ray with the same
+arguments (new envs, latest weights) and resumes; its lost rollout is counted in the stats.
+
+Subclasses say which actor class runs, how weights are published and what happens to each
+finished rollout (:class:`~tianshou_plugins.GorilaCollector`: already pushed to the replay;
+:class:`~tianshou_plugins.VTraceCollector`: its trajectory goes into the trainer's buffer).
+"""
+
+from __future__ import annotations
+
+import time
+from abc import abstractmethod
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
+
+import gymnasium as gym
+import numpy as np
+from tianshou.algorithm.algorithm_base import Algorithm, Policy
+from tianshou.data import ReplayBuffer
+from tianshou.data.collector import BaseCollector, CollectStats
+
+from rl_dist_ext.actor_pool import ActorPool
+from rl_dist_ext.params import PolicyLag, policy_lag
+from rl_dist_ext.validation import check_int, check_real
+
+if TYPE_CHECKING:
+    from rl_dist_ext.ray_actors import ParameterServerClient
+
+
+@dataclass(kw_only=True)
+class ActorCollectStats(CollectStats):
+    """Tianshou's collect stats plus what a distributed run needs watched.
+
+    ``collect_time`` is the time the trainer spent inside ``collect()``; ``collect_speed`` is the
+    actors' throughput (env steps per second of wall time since the previous ``collect()``).
+    Versions and the policy lag count the learner's gradient updates.
+    """
+
+    env_steps_per_s: float = 0.0
+    weights_version: int = 0
+    policy_lag_mean: float = 0.0
+    policy_lag_max: float = 0.0
+    actors: dict[str, float] = field(default_factory=dict)
+
+    def set_collect_time(self, collect_time: float, update_collect_speed: bool = True) -> None:
+        if collect_time < 0:
+            raise ValueError(f"collect_time must be >= 0, got {collect_time!r}")
+        self.collect_time = collect_time
+        if update_collect_speed:
+            self.collect_speed = self.env_steps_per_s
+
+
+TStats = TypeVar("TStats", bound=ActorCollectStats)
+
+
+@dataclass(frozen=True, kw_only=True)
+class ActorFleet:
+    """How many actors, their envs and resources (validated when built)."""
+
+    num_actors: int
+    envs_per_actor: int
+    steps_per_env: int
+    weight_sync_every_n_steps: int
+    max_in_flight_per_actor: int
+    num_cpus_per_actor: float
+    seed: int | None
+    timeout_s: float
+
+    def __post_init__(self) -> None:
+        check_int("num_actors", self.num_actors, 1)
+        check_int("envs_per_actor", self.envs_per_actor, 1)
+        check_int("steps_per_env", self.steps_per_env, 1)
+        check_int("weight_sync_every_n_steps", self.weight_sync_every_n_steps, 1)
+        check_int("max_in_flight_per_actor", self.max_in_flight_per_actor, 1)
+        check_real("num_cpus_per_actor", self.num_cpus_per_actor, low=0.0)
+        if self.seed is not None:
+            check_int("seed", self.seed, 0)
+        check_real("timeout_s", self.timeout_s, low=0.0, strict=True)
+
+    @property
+    def num_envs(self) -> int:
+        return self.num_actors * self.envs_per_actor
+
+
+class RayActorCollector(BaseCollector[TStats], Generic[TStats]):
+    """A collector over a fleet of Ray actors; see the module docstring.
+
+    Subclasses call :meth:`_start` at the end of their constructor and implement
+    :meth:`_publish_weights`, :meth:`_accept` and :meth:`_summarise`.
+    """
+
+    #: The actor method the pool keeps calling (returns a dict with "env_steps", "episodes",
+    #: "returns", "lens" and "weights_version").
+    actor_method: str
+    #: Names the collector in errors.
+    name: str
+
+    def __init__(
+        self,
+        policy: Policy | Algorithm,
+        *,
+        fleet: ActorFleet,
+        buffer: ReplayBuffer | None,
+        collect_stats_class: type[TStats],
+    ) -> None:
+        acting = policy.policy if isinstance(policy, Algorithm) else policy
+        super().__init__(
+            policy,
+            ActorEnvs(fleet.num_envs, acting.action_space),
+            buffer,
+            exploration_noise=True,
+            collect_stats_class=collect_stats_class,
+            raise_on_nan_in_buffer=False,  # the core actor steps reject non-finite rollouts
+        )
+        self.fleet = fleet
+        self._timeout_s = float(fleet.timeout_s)
+        self._last_return_time: float | None = None  # set by the first collect()
+        self._ready_at_start = 0  # finished rollouts waiting when the last collect() began
+
+    def _start(self, actor_cls: type, actor_kwargs: Callable[[int], dict[str, Any]]) -> None:
+        """Start the weights server and the actors (``actor_kwargs(i)`` for actor ``i``)."""
+        from rl_dist_ext.ray_actors import start_parameter_server, start_restartable_actor
+
+        self.env.weights_server = start_parameter_server(timeout_s=self._timeout_s)
+        self._publish_weights()
+        handles = [
+            start_restartable_actor(
+                actor_cls, num_cpus=self.fleet.num_cpus_per_actor, **actor_kwargs(i)
+            )
+            for i in range(self.fleet.num_actors)
+        ]
+        self.env.pool = ActorPool(
+            handles, self.actor_method, max_in_flight=self.fleet.max_in_flight_per_actor
+        )
+        wait_ready(handles, self._timeout_s, self.name)
+
+    # ---- what subclasses say ------------------------------------------------------------------
+    @abstractmethod
+    def _publish_weights(self) -> int:
+        """Publish the learner's weights if they are newer; return the version published."""
+
+    @abstractmethod
+    def _accept(self, result: dict[str, Any]) -> bool:
+        """Take one finished rollout (``False``: no room now; it is offered again next time)."""
+
+    def _ready_to_return(self) -> bool:
+        """Whether ``collect()`` may return once it has the asked steps (e.g. replay filled)."""
+        return True
+
+    @abstractmethod
+    def _summarise(self, results: list[dict[str, Any]]) -> TStats:
+        """The stats of one ``collect()``; :meth:`_common_stats` gives the shared fields."""
+
+    # ---- BaseCollector's interface ------------------------------------------------------------
+    def reset_env(
+        self, gym_reset_kwargs: dict[str, Any] | None = None
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """Start new episodes in every actor's envs (after the rollouts already queued)."""
+        import ray
+
+        if gym_reset_kwargs:
+            raise ValueError(f"{self.name} does not support gym_reset_kwargs")
+        replies = ray.get(
+            [h.reset_envs.remote() for h in self._actor_pool.handles], timeout=self._timeout_s
+        )
+        return (
+            np.concatenate([obs for obs, _ in replies]),
+            np.concatenate([info for _, info in replies]),
+        )
+
+    def _collect(
+        self,
+        n_step: int | None = None,
+        n_episode: int | None = None,
+        random: bool = False,
+        render: float | None = None,
+        gym_reset_kwargs: dict[str, Any] | None = None,
+    ) -> TStats:
+        if random:
+            raise ValueError(
+                f"{self.name} does not support random=True: its actors always act with their "
+                "own exploration"
+            )
+        if render or gym_reset_kwargs:
+            raise ValueError(f"{self.name} does not support render or gym_reset_kwargs")
+        started = time.monotonic()
+        if self._last_return_time is None:  # the actors get their first rollouts only now
+            self._last_return_time = started
+        self._publish_weights()
+        results = self._gather(n_step=n_step, n_episode=n_episode)
+        stats = self._summarise(results)
+        self._last_return_time = time.monotonic()
+        self.collect_step += stats.n_collected_steps
+        self.collect_episode += stats.n_collected_episodes
+        self.collect_time += time.monotonic() - started
+        return stats
+
+    def close(self) -> None:
+        """Stop the actors and the weights server."""
+        super().close()  # closes ``self.env``: the actors and the weights server
+
+    # ---- internals ----------------------------------------------------------------------------
+    @property
+    def _actor_pool(self) -> ActorPool:
+        if self.env.pool is None:
+            raise RuntimeError(f"this {self.name} is closed")
+        return self.env.pool
+
+    def _gather(self, *, n_step: int | None, n_episode: int | None) -> list[dict[str, Any]]:
+        """Finished rollouts (those waiting first), until they hold ``n_step`` steps or
+        ``n_episode`` episodes; rollouts :meth:`_accept` has no room for wait for the next
+        call."""
+        results: list[dict[str, Any]] = []
+        steps = episodes = 0
+        deadline = time.monotonic() + self._timeout_s
+        waiting = self.env.waiting
+        waiting.extend(r.value for r in self._actor_pool.wait(timeout_s=0.0))
+        self._ready_at_start = len(waiting)  # what finished while the learner trained
+        while True:
+            while waiting and self._accept(waiting[0]):
+                result = waiting.pop(0)
+                results.append(result)
+                steps += result["env_steps"]
+                episodes += result["episodes"]
+            enough = (n_step and steps >= n_step) or (n_episode and episodes >= n_episode)
+            if (enough or waiting) and self._ready_to_return():
+                return results
+            if time.monotonic() > deadline:
+                raise TimeoutError(
+                    f"{self.name}: the actors delivered {steps} steps / {episodes} episodes "
+                    f"in {self._timeout_s}s, fewer than asked (n_step={n_step}, "
+                    f"n_episode={n_episode}); actor failures so far: "
+                    f"{self._actor_pool.stats.failures}"
+                )
+            waiting.extend(r.value for r in self._actor_pool.wait(timeout_s=1.0))
+
+    def _common_stats(self, results: list[dict[str, Any]], learner_version: int) -> dict[str, Any]:
+        """The :class:`ActorCollectStats` fields of ``results``."""
+        steps = sum(r["env_steps"] for r in results)
+        lag: PolicyLag = policy_lag(learner_version, [r["weights_version"] for r in results])
+        pool = self._actor_pool.stats
+        elapsed = time.monotonic() - (self._last_return_time or time.monotonic())
+        returns = [r["returns"] for r in results]
+        lens = [r["lens"] for r in results]
+        return {
+            "n_collected_steps": steps,
+            "n_collected_episodes": sum(r["episodes"] for r in results),
+            "returns": np.concatenate(returns).astype(float) if returns else np.zeros(0),
+            "lens": np.concatenate(lens).astype(int) if lens else np.zeros(0, int),
+            "env_steps_per_s": steps / max(elapsed, 1e-9),
+            "weights_version": learner_version,
+            "policy_lag_mean": lag.mean,
+            "policy_lag_max": lag.max,
+            "actors": {
+                "num_actors": self.fleet.num_actors,
+                "failures": pool.failures,
+                "rollouts_lost": pool.calls_lost,
+            },
+        }
+
+
+class ActorEnvs:
+    """A collector's envs as ``BaseCollector`` sees its env (a length, an action space,
+    ``close``): they live in the actors of ``pool``, whose weights come from
+    ``weights_server``; closing stops both. ``waiting`` holds finished rollouts the collector
+    had no room for yet."""
+
+    def __init__(self, num_envs: int, action_space: gym.Space) -> None:
+        self._num_envs = num_envs
+        self.action_space = action_space
+        self.pool: ActorPool | None = None
+        self.weights_server: ParameterServerClient | None = None
+        self.waiting: list[dict[str, Any]] = []
+
+    def __len__(self) -> int:
+        return self._num_envs
+
+    def close(self) -> None:
+        if self.pool is not None:
+            self.pool.close()
+            self.pool = None
+        if self.weights_server is not None:
+            self.weights_server.close()
+            self.weights_server = None
+        self.waiting.clear()
+
+
+def check_env_factory(
+    env_factory: Any, *, owner: str, check_env: Callable[[gym.Env], None]
+) -> None:
+    """Build one env here, before any actor starts, check it with ``check_env`` (raises), and
+    check that ``env_factory`` pickles (it is sent to the actors)."""
+    import cloudpickle
+
+    if not callable(env_factory):
+        raise TypeError(f"env_factory must be a callable returning a gym.Env, got {env_factory!r}")
+    try:
+        env = env_factory()
+    except Exception as error:
+        raise ValueError(f"env_factory failed to build an environment: {error!r}") from error
+    try:
+        if not isinstance(env, gym.Env):
+            raise TypeError(f"env_factory must return a gymnasium.Env, got {type(env).__name__}")
+        if not isinstance(env.observation_space, gym.spaces.Box):
+            raise TypeError(
+                f"{owner} needs a Box observation space (stored as float32), the env has "
+                f"{env.observation_space!r}"
+            )
+        check_env(env)
+    finally:
+        env.close()
+    try:
+        cloudpickle.dumps(env_factory)
+    except Exception as error:
+        raise TypeError(
+            f"env_factory must be picklable (it is sent to the actors): {error!r}"
+        ) from error
+
+
+def check_cpus(owner: str, wanted: float) -> None:
+    """Refuse, before anything starts, CPU asks that the running cluster has no room for."""
+    from rl_dist_ext.ray_actors import check_resources_fit
+
+    check_resources_fit(
+        owner,
+        {"CPU": wanted},
+        how_to_lower="lower num_cpus_per_actor (actors mostly step envs and wait) or num_actors",
+        free=True,
+    )
+
+
+def wait_ready(handles: list, timeout_s: float, owner: str) -> None:
+    import ray
+
+    refs = [h.ready.remote() for h in handles]
+    for index, ref in enumerate(refs):
+        try:
+            ray.get(ref, timeout=timeout_s)
+        except ray.exceptions.GetTimeoutError:
+            raise TimeoutError(
+                f"{owner}: actor {index} did not start within {timeout_s}s"
+            ) from None
+        except ray.exceptions.RayError as error:
+            raise RuntimeError(f"{owner}: actor {index} failed to start: {error}") from error

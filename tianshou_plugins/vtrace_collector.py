@@ -1,0 +1,201 @@
+"""``VTraceCollector``: IMPALA's asynchronous actors behind Tianshou's collector interface.
+
+N Ray actors (:class:`~tianshou_plugins.actor.VTraceActor`) each run Tianshou's own ``Collector``
+over ``envs_per_actor`` envs with a local copy of the policy, and return fixed-length
+trajectories (``steps_per_env`` steps of every env; episode ends and truncations marked, the
+rollout's end a cut) with the behaviour log-probs and the weights version that acted. Each keeps
+``max_in_flight_per_actor`` trajectories queued, so acting goes on while the learner trains and
+runs at most that far ahead. Actors pull the newest weights every ``weight_sync_every_n_steps``
+of their env steps.
+
+:meth:`collect` (what Tianshou's ``OnPolicyTrainer`` calls each training step) publishes the
+learner's weights if they are newer, then writes the trajectories finished meanwhile into its
+buffer (one sub-buffer per env row; the ``policy`` field holds each step's behaviour log-prob,
+row, time index and acting version) and returns, waiting only while fewer than the asked env
+steps are in. The trainer hands that buffer to :meth:`VTrace.update
+<tianshou_plugins.VTrace>`, which rebuilds the trajectories, and empties it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+from tianshou.data import VectorReplayBuffer
+
+from rl_dist_ext.validation import check_int
+from tianshou_plugins.actor import VTraceActor
+from tianshou_plugins.actor_collector import (
+    ActorCollectStats,
+    ActorFleet,
+    RayActorCollector,
+    check_cpus,
+    check_env_factory,
+)
+from tianshou_plugins.vtrace import VTrace, steps_from_trajectory
+
+
+@dataclass(kw_only=True)
+class VTraceCollectStats(ActorCollectStats):
+    """:class:`~tianshou_plugins.actor_collector.ActorCollectStats` plus the trajectory queue."""
+
+    num_trajectories: int = 0
+    #: Trajectories that had finished and were waiting when ``collect()`` began, over what the
+    #: actors may hold (``num_actors x max_in_flight_per_actor``): near 1, acting is ahead of
+    #: learning; near 0, the learner waits for actors.
+    queue_fill: float = 0.0
+
+
+class VTraceCollector(RayActorCollector[VTraceCollectStats]):
+    """Collect fixed-length trajectories with ``num_actors`` Ray actors; see the module doc.
+
+    Args:
+        algorithm: the :class:`~tianshou_plugins.VTrace` being trained (its policy acts; its
+            gradient-update count versions the weights).
+        env_factory: builds one environment (picklable; it runs inside the actors).
+        num_actors: actor processes.
+        envs_per_actor: environments per actor (stepped as one ``DummyVectorEnv``).
+        steps_per_env: the trajectory length ``T``.
+        weight_sync_every_n_steps: an actor's env steps between weight pulls.
+        max_in_flight_per_actor: trajectories queued per actor (bounds how far actors run ahead).
+        max_trajectories_per_collect: the most trajectories one ``collect()`` returns (the
+            buffer's size); more finished ones wait for the next call.
+        num_cpus_per_actor: CPUs reserved per actor in Ray.
+        seed: seeds the actors' envs and action sampling.
+        timeout_s: the longest ``collect()`` waits for actors (and actors to start).
+    """
+
+    actor_method = "collect_trajectory"
+    name = "VTraceCollector"
+
+    def __init__(
+        self,
+        algorithm: VTrace,
+        *,
+        env_factory: Callable[[], gym.Env],
+        num_actors: int = 2,
+        envs_per_actor: int = 8,
+        steps_per_env: int = 32,
+        weight_sync_every_n_steps: int = 256,
+        max_in_flight_per_actor: int = 2,
+        max_trajectories_per_collect: int = 16,
+        num_cpus_per_actor: float = 0.25,
+        seed: int | None = None,
+        timeout_s: float = 120.0,
+    ) -> None:
+        if not isinstance(algorithm, VTrace):
+            raise TypeError(
+                "VTraceCollector collects for a tianshou_plugins.VTrace algorithm (its weights "
+                f"version labels the trajectories), got {type(algorithm).__name__}"
+            )
+        fleet = ActorFleet(
+            num_actors=num_actors,
+            envs_per_actor=envs_per_actor,
+            steps_per_env=steps_per_env,
+            weight_sync_every_n_steps=weight_sync_every_n_steps,
+            max_in_flight_per_actor=max_in_flight_per_actor,
+            num_cpus_per_actor=num_cpus_per_actor,
+            seed=seed,
+            timeout_s=timeout_s,
+        )
+        check_int("max_trajectories_per_collect", max_trajectories_per_collect, num_actors)
+        policy = algorithm.policy
+        check_env_factory(
+            env_factory, owner="VTraceCollector", check_env=lambda env: _check_env(env, policy)
+        )
+        rows = max_trajectories_per_collect * envs_per_actor
+        buffer = VectorReplayBuffer(rows * steps_per_env, rows)
+
+        import ray
+
+        super().__init__(
+            algorithm, fleet=fleet, buffer=buffer, collect_stats_class=VTraceCollectStats
+        )
+        self._algorithm = algorithm
+        self._published_version = -1
+        if not ray.is_initialized():
+            ray.init()
+        check_cpus(
+            "VTraceCollector's actors (num_actors x num_cpus_per_actor)",
+            num_actors * num_cpus_per_actor,
+        )
+        try:
+            self._start(
+                VTraceActor,
+                lambda i: {
+                    "policy": policy,
+                    "env_factory": env_factory,
+                    "num_envs": envs_per_actor,
+                    "weights_server": self.env.weights_server,
+                    "weight_sync_every_n_steps": weight_sync_every_n_steps,
+                    "steps_per_env": steps_per_env,
+                    "actor_index": i,
+                    "seed": seed,
+                },
+            )
+        except BaseException:
+            self.close()
+            raise
+
+    def _validate_buffer(self) -> None:
+        """BaseCollector's check for the buffer this collector builds itself."""
+        if not isinstance(self.buffer, VectorReplayBuffer):
+            raise TypeError(f"buffer must be a VectorReplayBuffer, got {type(self.buffer)}")
+
+    @property
+    def max_steps_per_collect(self) -> int:
+        """The most env steps one ``collect()`` can return (the buffer's size)."""
+        return self.buffer.maxsize
+
+    # ---- RayActorCollector's hooks ------------------------------------------------------------
+    def _collect(self, n_step: int | None = None, n_episode: int | None = None, **kwargs: Any):  # type: ignore[override]
+        if n_step is not None and n_step > self.max_steps_per_collect:
+            raise ValueError(
+                f"collect(n_step={n_step}) asks for more env steps than one collect() can hold "
+                f"({self.max_steps_per_collect} = max_trajectories_per_collect x envs_per_actor "
+                "x steps_per_env); lower the trainer's collection_step_num_env_steps or raise "
+                "max_trajectories_per_collect"
+            )
+        return super()._collect(n_step=n_step, n_episode=n_episode, **kwargs)
+
+    def _publish_weights(self) -> int:
+        """The learner's weights, when it made new ones since the last publish."""
+        if self._algorithm.weights_version > self._published_version:
+            latest = self._algorithm.versioned_weights()
+            self.env.weights_server.publish(latest.weights, latest.version)
+            self._published_version = latest.version
+        return self._published_version
+
+    def _accept(self, result: dict[str, Any]) -> bool:
+        """Write the trajectory into the next free rows of the buffer, if they fit."""
+        trajectory = result["trajectory"]
+        num_rows = trajectory.columns["rewards"].shape[1]
+        first = sum(len(b) > 0 for b in self.buffer.buffers)  # rows fill in order
+        if first + num_rows > self.buffer.buffer_num:
+            return False
+        rows = np.arange(first, first + num_rows)
+        for step in steps_from_trajectory(trajectory, first_row=first):
+            self.buffer.add(step, buffer_ids=rows)
+        return True
+
+    def _summarise(self, results: list[dict[str, Any]]) -> VTraceCollectStats:
+        capacity = self.fleet.num_actors * self.fleet.max_in_flight_per_actor
+        return VTraceCollectStats(
+            **self._common_stats(results, self._algorithm.weights_version),
+            num_trajectories=len(results),
+            queue_fill=min(self._ready_at_start / capacity, 1.0),
+        )
+
+
+def _check_env(env: gym.Env, policy: Any) -> None:
+    space = policy.action_space
+    if type(env.action_space) is not type(space) or (
+        getattr(env.action_space, "shape", None) != getattr(space, "shape", None)
+        or getattr(env.action_space, "n", None) != getattr(space, "n", None)
+    ):
+        raise ValueError(
+            f"the env's action space {env.action_space!r} differs from the policy's {space!r}"
+        )
