@@ -9,9 +9,10 @@ test (10 episodes) every ``--epoch-steps`` env steps, and a checkpoint before ea
 ``TensorboardLogger`` writes under ``--out``/tb (throughput, policy lag, queue fill, losses,
 mean importance ratio); the script stops at ``--env-steps`` or once the test return reaches
 ``--target-return``, then prints the final greedy return (10 episodes) and writes a learning
-curve PNG under ``--out``.
+curve PNG under ``--out``. ``--central`` runs SEED mode: one inference server acts for every
+actor (the actors hold no weights).
 
-    .venv/bin/python examples/tianshou_vtrace_cartpole.py [--env-steps 300000] [--seed 0]
+    .venv/bin/python examples/tianshou_vtrace_cartpole.py [--env-steps 300000] [--central]
 """
 
 from __future__ import annotations
@@ -42,7 +43,7 @@ from tianshou_progress import (
 from torch.utils.tensorboard import SummaryWriter
 from tqdm.contrib.logging import logging_redirect_tqdm
 
-from tianshou_plugins import VTrace, VTraceCollector, categorical_from_logits
+from tianshou_plugins import CentralInference, VTrace, VTraceCollector, categorical_from_logits
 
 log = logging.getLogger("tianshou_vtrace_cartpole")
 
@@ -96,6 +97,7 @@ def main() -> None:
     parser.add_argument("--epoch-steps", type=int, default=20_000, help="env steps per test")
     parser.add_argument("--target-return", type=float, default=475.0)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--central", action="store_true", help="SEED mode: an inference server")
     parser.add_argument("--out", type=Path, default=Path("runs/tianshou_vtrace"))
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S")
@@ -116,6 +118,7 @@ def main() -> None:
             "actors steps/s": "env_steps_per_s",
             "policy lag": "policy_lag_mean",
             "queue fill": "queue_fill",
+            "server batch": "inference/mean_batch_rows",
         },
         training_interval=1_000,
         update_interval=10,  # gradient steps (one per --batch-size env steps)
@@ -137,6 +140,7 @@ def main() -> None:
             steps_per_env=args.steps_per_env,
             num_cpus_per_actor=args.cpus_per_actor,
             seed=args.seed,
+            central_inference=CentralInference(num_cpus=0.25) if args.central else None,
         )
         test_collector = greedy_collector(
             algorithm.policy, make_env, episodes=10, seed=10_000 + args.seed

@@ -1,19 +1,24 @@
 """The one place where ``ray.remote`` is applied to rl-dist-ext's plain classes.
 
 Besides the actor starters: :class:`ParameterServerClient` (a parameter server handle with the
-plain class's methods, for the Gorila steps) and :func:`check_resources_fit` (refuse asks the
-cluster can never place, before anything starts).
+plain class's methods, for the Gorila steps), :class:`InferenceCaller` (one actor's or env
+runner's requests to the SEED inference server), :class:`InferenceServerHandle` (the learner's
+side of that server) and :func:`check_resources_fit` (refuse asks the cluster can never place,
+before anything starts).
 """
 
 from __future__ import annotations
 
 import logging
+import time
 import warnings
 from typing import Any
 
+import numpy as np
 import ray
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
+from rl_dist_ext.inference import InferenceReply
 from rl_dist_ext.params import ParameterServer, VersionedWeights
 from rl_dist_ext.replay.shard import ReplayShardServer, ShardSpec
 
@@ -169,3 +174,92 @@ def start_inference_server(
     options["num_gpus"] = num_gpus
     remote_cls = ray.remote(max_restarts=-1, max_task_retries=0)(InferenceServer)
     return remote_cls.options(**options).remote(policy_factory, config)
+
+
+class InferenceCaller:
+    """One caller of the inference server (an actor or an env runner), from any process.
+
+    Requests wait out a server restart (Ray restarts it; calls in flight fail) for up to
+    ``retry_s``. ``versions_used`` collects the weights version of every reply.
+
+    Args:
+        server: the inference server actor.
+        caller: this caller's id at the server (e.g. ``"actor-3"``).
+        retry_s: how long a request waits for a restarting server before raising.
+    """
+
+    def __init__(
+        self, server: ray.actor.ActorHandle, caller: str, *, retry_s: float = 60.0
+    ) -> None:
+        self.server = server
+        self.caller = caller
+        self._retry_s = retry_s
+        self.versions_used: list[int] = []
+
+    def register(self) -> int:
+        """Announce this caller; returns how often it registered before (restarts)."""
+        return ray.get(self.server.register.remote(self.caller), timeout=self._retry_s)
+
+    def infer(self, obs: Any) -> InferenceReply:
+        """The server's outputs for ``obs`` (``[N, ...]``), batched with other callers."""
+        obs = np.asarray(obs)
+        deadline = time.monotonic() + self._retry_s
+        while True:
+            try:
+                reply = ray.get(self.server.infer.remote(self.caller, obs))
+                break
+            except (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError):
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.1)
+        self.versions_used.append(reply.version)
+        return reply
+
+    def idle(self) -> None:
+        """This caller sends nothing until its next request: batches stop waiting for it."""
+        self.server.idle.remote(self.caller)
+
+    def take_versions_used(self) -> list[int]:
+        """The versions of the replies since the last call, and forget them."""
+        used, self.versions_used = self.versions_used, []
+        return used
+
+
+class InferenceServerHandle:
+    """The learner's side of the inference server: weights in, metrics out, stop.
+
+    ``push`` is fire and forget (the server ignores versions older than its own). A restarted
+    server holds its initial weights (version -1) until the next push: :meth:`needs_weights`
+    tells, from the last :meth:`stats`.
+    """
+
+    def __init__(self, handle: ray.actor.ActorHandle) -> None:
+        self.handle = handle
+        self.version = -1  # last version pushed
+        self._server_version = -1  # as the last stats() saw it
+
+    def push(self, weights: Any, version: int) -> None:
+        self.handle.set_weights.remote(weights, version)
+        self.version = version
+
+    def publish(self, weights: Any, version: int) -> int:
+        """:meth:`push`, under the parameter server's name (a learner's weights sink)."""
+        self.push(weights, version)
+        return version
+
+    def stats(self) -> dict[str, float]:
+        """The server's metrics (empty, with a warning, when it does not answer)."""
+        try:
+            stats = ray.get(self.handle.stats.remote(), timeout=30)
+        except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError) as error:
+            log.warning("inference server did not answer a stats request: %s", error)
+            return {}
+        self._server_version = int(stats["version"])
+        return stats
+
+    def needs_weights(self) -> bool:
+        """Whether the server held older weights than the last push at the last stats()."""
+        return self._server_version < self.version
+
+    def close(self) -> None:
+        ray.kill(self.handle, no_restart=True)

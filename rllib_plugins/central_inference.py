@@ -18,7 +18,6 @@ Pieces shared by :class:`~rllib_plugins.VTrace` and :class:`~rllib_plugins.Goril
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Callable
 from typing import Any, Literal
 
@@ -32,7 +31,7 @@ from ray.rllib.utils.from_config import NotProvided
 from ray.rllib.utils.numpy import convert_to_numpy
 
 from rl_dist_ext.inference import InferenceServerConfig
-from rl_dist_ext.ray_actors import start_inference_server
+from rl_dist_ext.ray_actors import InferenceCaller, InferenceServerHandle, start_inference_server
 from rl_dist_ext.validation import check_int, check_real
 from rllib_plugins.config_setters import set_provided
 
@@ -112,34 +111,20 @@ class ServerInferenceRLModule(TorchRLModule):
             model_config=local.model_config,
         )
         self.local = local
-        self.server = server
-        self.caller = caller
+        self.caller = InferenceCaller(server, caller, retry_s=REQUEST_RETRY_S)
         self._to_env_outputs = to_env_outputs
-        #: Weights version of every reply since the caller last cleared it.
-        self.versions_used: list[int] = []
 
     def setup(self) -> None:
         """Nothing to build: the networks are the local module's (and the server's)."""
 
     def infer(self, obs: Any) -> dict[str, np.ndarray]:
         """One request to the server; waits out a server restart (up to a minute)."""
-        obs_np = convert_to_numpy(obs)
-        deadline = time.monotonic() + REQUEST_RETRY_S
-        while True:
-            try:
-                reply = ray.get(self.server.infer.remote(self.caller, obs_np))
-                break
-            except (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError):
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(0.1)
-        self.versions_used.append(reply.version)
-        return reply.outputs
+        return self.caller.infer(convert_to_numpy(obs)).outputs
 
     def pause(self) -> None:
         """Tell the server this caller sends nothing until its next request, so that its
         batches do not wait for it meanwhile."""
-        self.server.idle.remote(self.caller)
+        self.caller.idle()
 
     def _forward_exploration(self, batch: dict, **kwargs: Any) -> dict:
         return self._to_env_outputs(self.infer(batch[Columns.OBS]), explore=True)
@@ -237,11 +222,9 @@ class CentralInferenceRunnerMixin:
         which would stay near the first versions and make the reported lag grow with training.
         """
         module = self.server_module
-        if module is not None and module.versions_used:
-            self.metrics.log_value(
-                WEIGHTS_VERSION_USED, float(np.mean(module.versions_used)), window=1
-            )
-            module.versions_used.clear()
+        used = module.caller.take_versions_used() if module is not None else []
+        if used:
+            self.metrics.log_value(WEIGHTS_VERSION_USED, float(np.mean(used)), window=1)
 
 
 AUTO = "auto"
@@ -334,8 +317,9 @@ class CentralInferenceSettingsMixin:
         return bundle
 
 
-class InferenceServerClient:
-    """The algorithm's handle on its inference server (start, weights, metrics, stop)."""
+class InferenceServerClient(InferenceServerHandle):
+    """The algorithm's handle on its inference server: started in the algorithm's placement
+    group (its own bundle), the learner's weights pushed, metrics read, stopped."""
 
     def __init__(
         self,
@@ -348,31 +332,23 @@ class InferenceServerClient:
         placement_group: Any = None,
         bundle_index: int = -1,
     ) -> None:
-        self.version = 0
-        self.handle = start_inference_server(
-            _PolicyFactory(module_spec, kind),
-            server_config,
-            num_cpus=num_cpus,
-            num_gpus=num_gpus,
-            placement_group=placement_group,
-            bundle_index=bundle_index,
+        super().__init__(
+            start_inference_server(
+                _PolicyFactory(module_spec, kind),
+                server_config,
+                num_cpus=num_cpus,
+                num_gpus=num_gpus,
+                placement_group=placement_group,
+                bundle_index=bundle_index,
+            )
         )
+        self.version = 0
         ray.get(self.handle.get_version.remote(), timeout=120)  # surfaces constructor errors
 
     def push_weights(self, learner_group: Any) -> int:
         """Send the learner's current module weights (fire and forget); return their version
         (``rl_dist_ext.params``: one per gradient update, moved on by restores)."""
         results = learner_group.foreach_learner(lambda learner: learner.versioned_weights())
-        weights, self.version = results.result_or_errors[0].get()
-        self.handle.set_weights.remote(weights, self.version)
-        return self.version
-
-    def stats(self) -> dict[str, float]:
-        try:
-            return ray.get(self.handle.stats.remote(), timeout=30)
-        except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError) as error:
-            log.warning("inference server did not answer a stats request: %s", error)
-            return {}
-
-    def close(self) -> None:
-        ray.kill(self.handle, no_restart=True)
+        weights, version = results.result_or_errors[0].get()
+        self.push(weights, version)
+        return version

@@ -141,9 +141,9 @@ class GorilaEnvRunner(CentralInferenceRunnerMixin, SingleAgentEnvRunner):
         server = self.server_module
         if server is None:
             return Rollout(episodes_to_rollout(self.sample(num_timesteps=num_steps, explore=True)))
-        server.versions_used.clear()
+        server.caller.take_versions_used()  # forget replies from before this sample
         episodes = self.sample(num_timesteps=num_steps, explore=True)
-        used = server.versions_used  # the server's replies while acting
+        used = server.caller.take_versions_used()  # the server's replies while acting
         return Rollout(episodes_to_rollout(episodes), float(np.mean(used)) if used else -1.0)
 
     def _q_values(self, obs: torch.Tensor) -> torch.Tensor:

@@ -615,3 +615,27 @@ def test_restoring_an_older_state_into_the_running_algorithm_reaches_the_actors(
                 torch.testing.assert_close(held.weights[key], value)
         finally:
             collector.close()
+
+
+# ---- Ray: SEED mode (central inference) ---------------------------------------------------------
+@pytest.mark.ray
+def test_seed_mode_actors_act_on_server_q_values_with_their_own_epsilon(cluster):
+    from tianshou_plugins import CentralInference
+
+    algo = make_algo()
+    with make_buffer() as buffer:
+        collector = make_collector(algo, buffer, central_inference=CentralInference(num_cpus=0.1))
+        try:
+            assert collector.env.weights_server is None  # the actors hold no weights
+            stats = collector.collect(n_step=100)
+            assert stats.n_collected_steps >= 100 and len(buffer) >= 64
+            assert stats.inference["requests_per_s"] > 0 and stats.inference["version"] == 0
+            assert stats.actors["epsilon/actor_1"] == pytest.approx(0.4**8)
+            gradient_steps(algo, buffer, 5)
+            for _ in range(30):
+                stats = collector.collect(n_step=32)
+                if stats.policy_lag_max == 0:
+                    break
+            assert stats.policy_lag_max == 0 and stats.inference["version"] == 5
+        finally:
+            collector.close()

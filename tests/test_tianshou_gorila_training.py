@@ -18,16 +18,20 @@ EPOCH_ENV_STEPS = 5_000
 TARGET_RETURN = 150.0
 
 
-def test_learns_cartpole_within_env_step_budget(ray_session):
+@pytest.mark.parametrize("central", [False, True], ids=["local", "seed"])
+def test_learns_cartpole_within_env_step_budget(ray_session, central):
     """The greedy policy's mean return over 10 test episodes reaches 150 within 60k env steps.
 
     Seeded (network, actors' envs and exploration, test envs), but acting and learning run
     concurrently, so a run is not bit-for-bit repeatable: the greedy policy is therefore tested
     after every 5k-step epoch and training stops at the first test that reaches 150. 2 actors x
     2 envs, 0.25 gradient steps of batch 128 per env step (the example's settings, which reached
-    456 in ~51k steps with 4 x 4 envs).
+    456 in ~51k steps with 4 x 4 envs); actors with local Q-network copies, or one inference
+    server returning Q-values for both (SEED; each actor applies its own epsilon).
     """
     from tianshou.trainer import OffPolicyTrainerParams
+
+    from tianshou_plugins import CentralInference
 
     np.random.seed(0)
     algo = make_algo(seed=0, hidden=(128, 128), target_update_freq=250)
@@ -42,7 +46,12 @@ def test_learns_cartpole_within_env_step_budget(ray_session):
 
     collector = None
     try:
-        collector = make_collector(algo, buffer, weight_sync_every_n_steps=128)
+        collector = make_collector(
+            algo,
+            buffer,
+            weight_sync_every_n_steps=128,
+            central_inference=CentralInference(num_cpus=0.1) if central else None,
+        )
         result = algo.run_training(
             OffPolicyTrainerParams(
                 training_collector=collector,

@@ -422,3 +422,98 @@ def test_actors_report_whole_episodes_across_trajectories():
         returns += result["returns"].tolist()
     assert lens and max(lens) > 4, lens
     np.testing.assert_allclose(returns, lens)
+
+
+# ---- Ray: SEED mode (central inference) ---------------------------------------------------------
+@pytest.mark.ray
+def test_seed_mode_actors_act_through_the_server_and_record_its_logp_and_versions(cluster):
+    from tianshou_plugins import CentralInference
+
+    algo = make_algo()
+    collector = make_collector(
+        algo, central_inference=CentralInference(max_batch_size=64, num_cpus=0.1)
+    )
+    try:
+        assert collector.env.weights_server is None  # the actors hold no weights
+        stats = collector.collect(n_step=64)
+        batch, _ = collector.buffer.sample(0)
+        trajectory = trajectory_from_steps(batch)
+        # The server sampled with the learner's weights: its log-probs are the learner's.
+        expected = behaviour_log_probs(
+            algo.policy, trajectory.columns["obs"], trajectory.columns["actions"]
+        )
+        np.testing.assert_allclose(trajectory.columns["behaviour_logp"], expected, atol=1e-5)
+        assert stats.inference["requests_per_s"] > 0 and stats.inference["mean_batch_rows"] >= 2
+        assert stats.inference["version"] == 0
+
+        with policy_within_training_step(algo.policy):
+            algo.update(collector.buffer, batch_size=None, repeat=3)
+        collector.reset_buffer()
+        for _ in range(30):  # trajectories queued before the push used version 0
+            stats = collector.collect(n_step=16)
+            collector.reset_buffer()
+            if stats.policy_lag_max == 0:
+                break
+        assert stats.policy_lag_max == 0 and stats.inference["version"] == 3
+        assert stats.weights_version == 3
+    finally:
+        collector.close()
+
+
+@pytest.mark.ray
+def test_seed_mode_survives_a_killed_inference_server(cluster):
+    import ray
+
+    from tianshou_plugins import CentralInference
+
+    algo = make_algo()
+    collector = make_collector(algo, central_inference=CentralInference(num_cpus=0.1))
+    try:
+        collector.collect(n_step=16)
+        with policy_within_training_step(algo.policy):
+            algo.update(collector.buffer, batch_size=None, repeat=2)
+        collector.reset_buffer()
+        collector.collect(n_step=16)
+        collector.reset_buffer()
+        ray.kill(collector.env.inference.handle, no_restart=False)
+        versions = []
+        for _ in range(40):  # actors wait out the restart; the learner's weights return
+            stats = collector.collect(n_step=16)
+            batch, _ = collector.buffer.sample(0)
+            trajectory_from_steps(batch)  # whole trajectories only
+            collector.reset_buffer()
+            versions.append(stats.inference.get("version"))
+            if -1.0 in versions and versions[-1] == 2:
+                break
+        assert -1.0 in versions, versions  # the restarted server held its initial weights
+        assert versions[-1] == 2, versions  # the restarted server got the weights again
+    finally:
+        collector.close()
+
+
+class RecurrentActor(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.rnn = torch.nn.GRU(4, 8)
+        self.head = torch.nn.Linear(8, 2)
+
+    def forward(self, obs, state=None, info=None):
+        return self.head(self.rnn(torch.as_tensor(obs)[None])[0][0]), state
+
+
+@pytest.mark.ray
+def test_seed_mode_refuses_recurrent_policies_and_bad_settings(cluster):
+    from tianshou_plugins import CentralInference
+
+    algo = make_algo()
+    algo.policy.actor = RecurrentActor()
+    before = alive_actor_ids()
+    with pytest.raises(ValueError, match="recurrent"):
+        make_collector(algo, central_inference=CentralInference())
+    with pytest.raises(TypeError, match="CentralInference"):
+        make_collector(make_algo(), central_inference={"max_batch_size": 8})
+    with pytest.raises(ValueError, match="CPUs"):
+        make_collector(make_algo(), central_inference=CentralInference(num_cpus=8.0))
+    with pytest.raises(ValueError, match="max_batch_size"):
+        CentralInference(max_batch_size=0)
+    assert alive_actor_ids() <= before

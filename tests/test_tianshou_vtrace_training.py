@@ -20,16 +20,20 @@ EPOCH_ENV_STEPS = 5_000
 TARGET_RETURN = 150.0
 
 
-def test_vtrace_learns_cartpole_within_env_step_budget(ray_session):
+@pytest.mark.parametrize("central", [False, True], ids=["impala", "seed"])
+def test_vtrace_learns_cartpole_within_env_step_budget(ray_session, central):
     """The greedy policy's mean return over 10 test episodes reaches 150 within 60k env steps.
 
     Seeded (networks, actors' envs and action sampling, test envs), but acting and learning run
     concurrently, so a run is not bit-for-bit repeatable: the greedy policy is therefore tested
     after every 5k-step epoch and training stops at the first test that reaches 150. 2 actors
     x 8 envs, trajectories of 32 steps, 512 env steps per update and per gradient step (the
-    example's settings).
+    example's settings); with local copies of the policy (IMPALA) or one inference server
+    acting for both actors (SEED).
     """
     from tianshou.trainer import OnPolicyTrainerParams
+
+    from tianshou_plugins import CentralInference
 
     np.random.seed(0)
     algo = make_algo(seed=0, hidden=(64, 64), lr=1e-3)
@@ -43,7 +47,12 @@ def test_vtrace_learns_cartpole_within_env_step_budget(ray_session):
 
     collector = None
     try:
-        collector = make_collector(algo, envs_per_actor=8, steps_per_env=32)
+        collector = make_collector(
+            algo,
+            envs_per_actor=8,
+            steps_per_env=32,
+            central_inference=CentralInference(num_cpus=0.1) if central else None,
+        )
         result = algo.run_training(
             OnPolicyTrainerParams(
                 training_collector=collector,

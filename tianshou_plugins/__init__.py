@@ -5,11 +5,13 @@ Tianshou's own ``Collector``) and ``DistributedPrioritizedReplayBuffer`` (rl-dis
 replay behind Tianshou's buffer API); Tianshou's ``OffPolicyTrainer`` drives them unchanged.
 ``VTrace`` (IMPALA's off-policy actor-critic) and ``VTraceCollector`` (asynchronous actors
 returning fixed-length trajectories with their behaviour log-probs); Tianshou's
-``OnPolicyTrainer`` drives them.
+``OnPolicyTrainer`` drives them. Both collectors run in SEED mode with
+``central_inference=CentralInference(...)``: one inference server acts for every actor.
 """
 
 from tianshou_plugins.actor_collector import ActorCollectStats
 from tianshou_plugins.buffer import DistributedPrioritizedReplayBuffer
+from tianshou_plugins.central_inference import CentralInference
 from tianshou_plugins.collector import GorilaCollector, GorilaCollectStats
 from tianshou_plugins.gorila_dqn import GorilaDQN, GorilaTrainingStats
 from tianshou_plugins.vtrace import VTrace, VTraceTrainingStats, categorical_from_logits
@@ -17,6 +19,7 @@ from tianshou_plugins.vtrace_collector import VTraceCollector, VTraceCollectStat
 
 __all__ = [
     "ActorCollectStats",
+    "CentralInference",
     "DistributedPrioritizedReplayBuffer",
     "GorilaCollectStats",
     "GorilaCollector",

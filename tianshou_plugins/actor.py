@@ -28,6 +28,8 @@ from tianshou.env import DummyVectorEnv
 
 from rl_dist_ext.gorila import ActorStep, Rollout
 from rl_dist_ext.impala import TrajectoryActorStep
+from rl_dist_ext.ray_actors import InferenceCaller
+from tianshou_plugins.central_inference import Kind, ServerPolicy
 
 
 def q_values(model: torch.nn.Module, obs: torch.Tensor) -> torch.Tensor:
@@ -41,11 +43,13 @@ def cpu_state_dict(module: torch.nn.Module) -> dict[str, torch.Tensor]:
 
 
 class EnvActor:
-    """Tianshou's own ``Collector`` over ``num_envs`` envs with a local copy of ``policy``.
+    """Tianshou's own ``Collector`` over ``num_envs`` envs with a local copy of ``policy``, or,
+    in SEED mode (``inference_server`` given), a :class:`~tianshou_plugins.central_inference.
+    ServerPolicy` that asks the server and holds no weights.
 
-    What every actor kind shares: the envs (a ``DummyVectorEnv``, seeded per actor), the local
-    policy on the CPU, and :meth:`collect_rollout`, which steps every env ``steps_per_env``
-    times and returns the steps as time-major ``[T, M]`` arrays with Tianshou's collect stats.
+    What every actor kind shares: the envs (a ``DummyVectorEnv``, seeded per actor), the acting
+    policy, and :meth:`collect_rollout`, which steps every env ``steps_per_env`` times and
+    returns the steps as time-major ``[T, M]`` arrays, with what the server replied in SEED mode.
     """
 
     def __init__(
@@ -57,12 +61,27 @@ class EnvActor:
         steps_per_env: int,
         actor_index: int,
         seed: int | None = None,
+        inference_server: Any = None,
+        server_kind: Kind = "policy",
+        epsilon: float = 0.0,
     ) -> None:
         torch.set_num_threads(1)
         self.actor_index = actor_index
         self._steps_per_env = steps_per_env
         self._num_envs = num_envs
-        self.policy = copy.deepcopy(policy).to("cpu")
+        self.server: InferenceCaller | None = None
+        if inference_server is None:
+            self.policy: Policy = copy.deepcopy(policy).to("cpu")
+        else:
+            self.server = InferenceCaller(inference_server, f"actor-{actor_index}")
+            self.server.register()
+            self.policy = ServerPolicy(
+                caller=self.server,
+                kind=server_kind,
+                action_space=policy.action_space,
+                observation_space=policy.observation_space,
+                epsilon=epsilon,
+            )
         self.envs = DummyVectorEnv([env_factory] * num_envs)
         if seed is not None:
             base = seed + 10_000 * actor_index
@@ -87,9 +106,11 @@ class EnvActor:
         self._episode_len[:] = 0
         return self._collector.reset_env()
 
-    def collect_rollout(self) -> dict[str, np.ndarray]:
+    def collect_rollout(self) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
         """Step every env ``steps_per_env`` times (the policy in its training mode): the steps
-        as ``[T, M]`` arrays (env ``j`` in column ``j``)."""
+        as ``[T, M]`` arrays (env ``j`` in column ``j``), and in SEED mode what the server
+        replied for each step (``"version"``, and ``"logp"`` for ``kind="policy"``; else
+        empty). The server is then told this actor is idle until its next request."""
         self._buffer.reset()
         with policy_within_training_step(self.policy):
             self._collector.collect(n_step=self._num_envs * self._steps_per_env)
@@ -107,7 +128,13 @@ class EnvActor:
             "terminated": stack("terminated", bool),
             "truncated": stack("truncated", bool),
         }
-        return columns
+        if self.server is None:
+            return columns, {}
+        self.server.idle()
+        recorded = {"version": np.stack([b.policy.version for b in per_env], axis=1)}
+        if "logp" in per_env[0].policy.get_keys():
+            recorded["logp"] = np.stack([b.policy.logp for b in per_env], axis=1)
+        return columns, recorded
 
     def episode_stats(self, columns: dict[str, np.ndarray]) -> dict[str, Any]:
         """The episodes that ended in this rollout, with their whole return and length."""
@@ -145,6 +172,8 @@ class GorilaActor(EnvActor):
         steps_per_env: env steps per env in one :meth:`collect_and_push`.
         actor_index: this actor's number (seeds and metrics).
         seed: base seed.
+        inference_server: SEED mode: the server's greedy actions (this actor's epsilon on top)
+            and its Q-values for the initial priorities; no weights are pulled.
     """
 
     def __init__(
@@ -162,6 +191,7 @@ class GorilaActor(EnvActor):
         steps_per_env: int,
         actor_index: int,
         seed: int | None = None,
+        inference_server: Any = None,
     ) -> None:
         super().__init__(
             policy=policy,
@@ -170,14 +200,18 @@ class GorilaActor(EnvActor):
             steps_per_env=steps_per_env,
             actor_index=actor_index,
             seed=seed,
+            inference_server=inference_server,
+            server_kind="q",
+            epsilon=epsilon,
         )
         self.epsilon = float(epsilon)
-        self.policy.set_eps_training(self.epsilon)
+        if self.server is None:
+            self.policy.set_eps_training(self.epsilon)
         self._step = ActorStep(
             replay=replay,
             gamma=gamma,
             n_step=n_step,
-            weights=weights_server,
+            weights=weights_server if self.server is None else None,
             pull_every_n_steps=weight_sync_every_n_steps,
             name=f"actor {actor_index}",
         )
@@ -196,14 +230,14 @@ class GorilaActor(EnvActor):
         episodes: list[dict[str, Any]] = []
 
         def act() -> Rollout:
-            columns = self.collect_rollout()
+            columns, recorded = self.collect_rollout()
             episodes.append(self.episode_stats(columns))
             columns["actions"] = columns["actions"].astype(np.int64)
-            return Rollout(columns)
+            return Rollout(columns, acting_version_of(recorded))
 
         result = self._step.run(
             act=act,
-            q_values=lambda obs: q_values(self.policy.model, obs),
+            q_values=self._q_values,
             load_weights=self.policy.load_state_dict,
         )
         return {
@@ -212,6 +246,16 @@ class GorilaActor(EnvActor):
             "weights_version": result.weights_version,
             "epsilon": self.epsilon,
         }
+
+    def _q_values(self, obs: torch.Tensor) -> torch.Tensor:
+        if isinstance(self.policy, ServerPolicy):  # SEED mode: the server holds the weights
+            return self.policy.q_values(obs)
+        return q_values(self.policy.model, obs)
+
+
+def acting_version_of(recorded: dict[str, np.ndarray]) -> float | None:
+    """The mean weights version of a SEED rollout's replies (``None`` outside SEED mode)."""
+    return float(np.mean(recorded["version"])) if "version" in recorded else None
 
 
 def behaviour_log_probs(
@@ -234,13 +278,15 @@ class VTraceActor(EnvActor):
     ``weight_sync_every_n_steps`` env steps have passed, step every env ``steps_per_env`` times
     with the local policy (sampling its distribution), record log mu(a|x). Weights change only
     between trajectories, so the log-probs are those of the weights that acted: they are
-    computed in one batched pass after acting.
+    computed in one batched pass after acting. In SEED mode (``inference_server`` given) the
+    server samples the actions and its replies carry log mu(a|x) and the version that acted.
 
     Args:
         policy: the learner's ``ProbabilisticActorPolicy`` (a copy is kept, on the CPU).
         env_factory, num_envs, steps_per_env, actor_index, seed: as :class:`EnvActor`.
         weights_server: the parameter server (``pull_if_newer``).
         weight_sync_every_n_steps: env steps between weight pulls.
+        inference_server: SEED mode (see above); no weights are pulled.
     """
 
     def __init__(
@@ -254,6 +300,7 @@ class VTraceActor(EnvActor):
         steps_per_env: int,
         actor_index: int,
         seed: int | None = None,
+        inference_server: Any = None,
     ) -> None:
         super().__init__(
             policy=policy,
@@ -262,9 +309,11 @@ class VTraceActor(EnvActor):
             steps_per_env=steps_per_env,
             actor_index=actor_index,
             seed=seed,
+            inference_server=inference_server,
+            server_kind="policy",
         )
         self._step = TrajectoryActorStep(
-            weights=weights_server,
+            weights=weights_server if self.server is None else None,
             pull_every_n_steps=weight_sync_every_n_steps,
             name=f"actor {actor_index}",
         )
@@ -279,15 +328,25 @@ class VTraceActor(EnvActor):
         the stats of the episodes that ended in it."""
         episodes: list[dict[str, Any]] = []
 
+        recorded: dict[str, np.ndarray] = {}
+
         def act() -> dict[str, np.ndarray]:
-            columns = self.collect_rollout()
+            columns, replies = self.collect_rollout()
+            recorded.update(replies)
             episodes.append(self.episode_stats(columns))
-            columns["behaviour_logp"] = behaviour_log_probs(
-                self.policy, columns["obs"], columns["actions"]
-            )
+            if "logp" in recorded:  # SEED: the server's log-probs of its sampled actions
+                columns["behaviour_logp"] = recorded["logp"].astype(np.float32)
+            else:
+                columns["behaviour_logp"] = behaviour_log_probs(
+                    self.policy, columns["obs"], columns["actions"]
+                )
             return columns
 
-        trajectory = self._step.run(act=act, load_weights=self.policy.load_state_dict)
+        trajectory = self._step.run(
+            act=act,
+            load_weights=self.policy.load_state_dict,
+            acting_version=None if self.server is None else lambda: acting_version_of(recorded),
+        )
         steps = trajectory.columns["rewards"].size
         return {
             **episodes[0],

@@ -11,6 +11,12 @@ arguments (new envs, latest weights) and resumes; its lost rollout is counted in
 Subclasses say which actor class runs, how weights are published and what happens to each
 finished rollout (:class:`~tianshou_plugins.GorilaCollector`: already pushed to the replay;
 :class:`~tianshou_plugins.VTraceCollector`: its trajectory goes into the trainer's buffer).
+
+SEED mode (``central_inference=CentralInference(...)``): one
+:class:`~rl_dist_ext.inference.InferenceServer` actor runs the policy for every actor
+(:mod:`tianshou_plugins.central_inference`); the learner's weights go to it instead of to a
+parameter server, and the actors hold none. A server that Ray restarts gets the weights again at
+the next ``collect()``; actors wait out the restart.
 """
 
 from __future__ import annotations
@@ -23,6 +29,7 @@ from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 import gymnasium as gym
 import numpy as np
+import torch
 from tianshou.algorithm.algorithm_base import Algorithm, Policy
 from tianshou.data import ReplayBuffer
 from tianshou.data.collector import BaseCollector, CollectStats
@@ -30,9 +37,10 @@ from tianshou.data.collector import BaseCollector, CollectStats
 from rl_dist_ext.actor_pool import ActorPool
 from rl_dist_ext.params import PolicyLag, policy_lag
 from rl_dist_ext.validation import check_int, check_real
+from tianshou_plugins.central_inference import CentralInference, Kind, TianshouPolicyFactory
 
 if TYPE_CHECKING:
-    from rl_dist_ext.ray_actors import ParameterServerClient
+    from rl_dist_ext.ray_actors import InferenceServerHandle, ParameterServerClient
 
 
 @dataclass(kw_only=True)
@@ -49,6 +57,9 @@ class ActorCollectStats(CollectStats):
     policy_lag_mean: float = 0.0
     policy_lag_max: float = 0.0
     actors: dict[str, float] = field(default_factory=dict)
+    #: SEED mode: the inference server's requests/s, batch rows and fill, queueing p50/p99 (ms),
+    #: weights version and caller restarts (empty otherwise).
+    inference: dict[str, float] = field(default_factory=dict)
 
     def set_collect_time(self, collect_time: float, update_collect_speed: bool = True) -> None:
         if collect_time < 0:
@@ -102,6 +113,19 @@ class RayActorCollector(BaseCollector[TStats], Generic[TStats]):
     actor_method: str
     #: Names the collector in errors.
     name: str
+    #: What the inference server returns in SEED mode (``central_inference``).
+    server_kind: Kind
+
+    #: The inference server's metrics reported in the collect stats.
+    INFERENCE_STATS = (
+        "version",
+        "requests_per_s",
+        "mean_batch_rows",
+        "batch_fill",
+        "queue_ms_p50",
+        "queue_ms_p99",
+        "caller_restarts",
+    )
 
     def __init__(
         self,
@@ -110,8 +134,20 @@ class RayActorCollector(BaseCollector[TStats], Generic[TStats]):
         fleet: ActorFleet,
         buffer: ReplayBuffer | None,
         collect_stats_class: type[TStats],
+        central_inference: CentralInference | None = None,
     ) -> None:
         acting = policy.policy if isinstance(policy, Algorithm) else policy
+        if central_inference is not None:
+            if not isinstance(central_inference, CentralInference):
+                raise TypeError(
+                    "central_inference must be a CentralInference (or None), got "
+                    f"{type(central_inference).__name__}"
+                )
+            if any(isinstance(m, torch.nn.RNNBase) for m in acting.modules()):
+                raise ValueError(
+                    "central inference does not support recurrent policies (the server keeps "
+                    "no per-actor state); use central_inference=None for this policy"
+                )
         super().__init__(
             policy,
             ActorEnvs(fleet.num_envs, acting.action_space),
@@ -121,19 +157,44 @@ class RayActorCollector(BaseCollector[TStats], Generic[TStats]):
             raise_on_nan_in_buffer=False,  # the core actor steps reject non-finite rollouts
         )
         self.fleet = fleet
+        self.central_inference = central_inference
         self._timeout_s = float(fleet.timeout_s)
         self._last_return_time: float | None = None  # set by the first collect()
         self._ready_at_start = 0  # finished rollouts waiting when the last collect() began
 
     def _start(self, actor_cls: type, actor_kwargs: Callable[[int], dict[str, Any]]) -> None:
-        """Start the weights server and the actors (``actor_kwargs(i)`` for actor ``i``)."""
-        from rl_dist_ext.ray_actors import start_parameter_server, start_restartable_actor
+        """Start the weights server (or, in SEED mode, the inference server) and the actors
+        (``actor_kwargs(i)`` for actor ``i``)."""
+        import ray
 
-        self.env.weights_server = start_parameter_server(timeout_s=self._timeout_s)
+        from rl_dist_ext.ray_actors import (
+            InferenceServerHandle,
+            start_inference_server,
+            start_parameter_server,
+            start_restartable_actor,
+        )
+
+        seed_mode: dict[str, Any] = {}
+        if self.central_inference is None:
+            self.env.weights_server = start_parameter_server(timeout_s=self._timeout_s)
+        else:
+            settings = self.central_inference
+            handle = start_inference_server(
+                TianshouPolicyFactory(self.policy, self.server_kind),
+                settings.server_config(),
+                num_cpus=settings.num_cpus,
+                num_gpus=settings.num_gpus,
+            )
+            self.env.inference = InferenceServerHandle(handle)
+            ray.get(handle.get_version.remote(), timeout=self._timeout_s)  # constructor errors
+            seed_mode["inference_server"] = handle
         self._publish_weights()
         handles = [
             start_restartable_actor(
-                actor_cls, num_cpus=self.fleet.num_cpus_per_actor, **actor_kwargs(i)
+                actor_cls,
+                num_cpus=self.fleet.num_cpus_per_actor,
+                **actor_kwargs(i),
+                **seed_mode,
             )
             for i in range(self.fleet.num_actors)
         ]
@@ -142,10 +203,21 @@ class RayActorCollector(BaseCollector[TStats], Generic[TStats]):
         )
         wait_ready(handles, self._timeout_s, self.name)
 
+    @property
+    def weights_sink(self) -> Any:
+        """Where the learner's weights go: the inference server (SEED) or the parameter
+        server (both have ``publish(weights, version)``)."""
+        return self.env.inference if self.env.inference is not None else self.env.weights_server
+
+    def server_cpus(self) -> float:
+        """The CPUs the inference server asks for (0 outside SEED mode)."""
+        return 0.0 if self.central_inference is None else self.central_inference.num_cpus
+
     # ---- what subclasses say ------------------------------------------------------------------
     @abstractmethod
-    def _publish_weights(self) -> int:
-        """Publish the learner's weights if they are newer; return the version published."""
+    def _publish_weights(self, *, again: bool = False) -> int:
+        """Publish the learner's weights if they are newer (or ``again``: the inference
+        server was restarted and lost them); return the version published."""
 
     @abstractmethod
     def _accept(self, result: dict[str, Any]) -> bool:
@@ -194,7 +266,8 @@ class RayActorCollector(BaseCollector[TStats], Generic[TStats]):
         started = time.monotonic()
         if self._last_return_time is None:  # the actors get their first rollouts only now
             self._last_return_time = started
-        self._publish_weights()
+        inference = self.env.inference
+        self._publish_weights(again=inference is not None and inference.needs_weights())
         results = self._gather(n_step=n_step, n_episode=n_episode)
         stats = self._summarise(results)
         self._last_return_time = time.monotonic()
@@ -264,20 +337,28 @@ class RayActorCollector(BaseCollector[TStats], Generic[TStats]):
                 "failures": pool.failures,
                 "rollouts_lost": pool.calls_lost,
             },
+            "inference": self._inference_stats(),
         }
+
+    def _inference_stats(self) -> dict[str, float]:
+        if self.env.inference is None:
+            return {}
+        stats = self.env.inference.stats()
+        return {k: float(v) for k, v in stats.items() if k in self.INFERENCE_STATS}
 
 
 class ActorEnvs:
     """A collector's envs as ``BaseCollector`` sees its env (a length, an action space,
     ``close``): they live in the actors of ``pool``, whose weights come from
-    ``weights_server``; closing stops both. ``waiting`` holds finished rollouts the collector
-    had no room for yet."""
+    ``weights_server`` (or, in SEED mode, from the ``inference`` server); closing stops them.
+    ``waiting`` holds finished rollouts the collector had no room for yet."""
 
     def __init__(self, num_envs: int, action_space: gym.Space) -> None:
         self._num_envs = num_envs
         self.action_space = action_space
         self.pool: ActorPool | None = None
         self.weights_server: ParameterServerClient | None = None
+        self.inference: InferenceServerHandle | None = None
         self.waiting: list[dict[str, Any]] = []
 
     def __len__(self) -> int:
@@ -290,6 +371,9 @@ class ActorEnvs:
         if self.weights_server is not None:
             self.weights_server.close()
             self.weights_server = None
+        if self.inference is not None:
+            self.inference.close()
+            self.inference = None
         self.waiting.clear()
 
 

@@ -35,6 +35,7 @@ from tianshou_plugins.actor_collector import (
     check_env_factory,
 )
 from tianshou_plugins.buffer import DistributedPrioritizedReplayBuffer
+from tianshou_plugins.central_inference import CentralInference
 from tianshou_plugins.gorila_dqn import GorilaDQN
 
 
@@ -78,10 +79,14 @@ class GorilaCollector(RayActorCollector[GorilaCollectStats]):
         num_cpus_per_actor: CPUs reserved per actor in Ray.
         seed: seeds the actors' envs and exploration.
         timeout_s: the longest ``collect()`` waits for actors (and actors to start).
+        central_inference: SEED mode (:class:`~tianshou_plugins.CentralInference`): the
+            inference server returns greedy actions and Q-values (each actor applies its own
+            epsilon and computes its initial priorities from them); the actors hold no weights.
     """
 
     actor_method = "collect_and_push"
     name = "GorilaCollector"
+    server_kind = "q"
 
     def __init__(
         self,
@@ -101,6 +106,7 @@ class GorilaCollector(RayActorCollector[GorilaCollectStats]):
         num_cpus_per_actor: float = 0.25,
         seed: int | None = None,
         timeout_s: float = 120.0,
+        central_inference: CentralInference | None = None,
     ) -> None:
         self._algorithm, policy, gamma, n_step = _resolve_policy(policy, gamma, n_step)
         if not isinstance(buffer, DistributedPrioritizedReplayBuffer):  # before Ray starts
@@ -124,18 +130,26 @@ class GorilaCollector(RayActorCollector[GorilaCollectStats]):
 
         import ray
 
-        super().__init__(policy, fleet=fleet, buffer=buffer, collect_stats_class=GorilaCollectStats)
+        super().__init__(
+            policy,
+            fleet=fleet,
+            buffer=buffer,
+            collect_stats_class=GorilaCollectStats,
+            central_inference=central_inference,
+        )
         self._published_version = -1
         self._replay_ready = False
         self._rows_pushed = 0
 
         if not ray.is_initialized():
             ray.init()
-        wanted = num_actors * num_cpus_per_actor
+        wanted = num_actors * num_cpus_per_actor + self.server_cpus()
         if not buffer.started:
             wanted += buffer.config.num_shards * buffer.config.num_cpus_per_shard
         check_cpus(
-            "GorilaCollector's actors (num_actors x num_cpus_per_actor) and replay shards", wanted
+            "GorilaCollector's actors (num_actors x num_cpus_per_actor), replay shards and "
+            "inference server",
+            wanted,
         )
         started_buffer = not buffer.started
         try:
@@ -182,19 +196,18 @@ class GorilaCollector(RayActorCollector[GorilaCollectStats]):
         super().close()
 
     # ---- RayActorCollector's hooks ------------------------------------------------------------
-    def _publish_weights(self) -> int:
-        """The learner's weights go to the actors each time the trainer turns to acting: the
-        algorithm's learner step publishes them (a bare policy: a new version each call)."""
+    def _publish_weights(self, *, again: bool = False) -> int:
+        """The learner's weights go to the actors (or the inference server) each time the
+        trainer turns to acting: the algorithm's learner step publishes them (a bare policy: a
+        new version each call). ``again``: a restarted inference server lost them."""
         if self._algorithm is not None:
-            if self._published_version < 0:  # first call: the learner gets the weights server
-                self._published_version = self._algorithm.gorila.connect(
-                    weights=self.env.weights_server
-                )
+            if again or self._published_version < 0:  # (re)connect: publishes the weights
+                self._published_version = self._algorithm.gorila.connect(weights=self.weights_sink)
             else:
                 self._published_version = self._algorithm.gorila.publish()
             return self._published_version
         self._published_version += 1
-        self.env.weights_server.publish(cpu_state_dict(self.policy), self._published_version)
+        self.weights_sink.publish(cpu_state_dict(self.policy), self._published_version)
         return self._published_version
 
     def _accept(self, result: dict[str, Any]) -> bool:

@@ -35,6 +35,7 @@ from tianshou_plugins.actor_collector import (
     check_cpus,
     check_env_factory,
 )
+from tianshou_plugins.central_inference import CentralInference
 from tianshou_plugins.vtrace import VTrace, steps_from_trajectory
 
 
@@ -66,10 +67,14 @@ class VTraceCollector(RayActorCollector[VTraceCollectStats]):
         num_cpus_per_actor: CPUs reserved per actor in Ray.
         seed: seeds the actors' envs and action sampling.
         timeout_s: the longest ``collect()`` waits for actors (and actors to start).
+        central_inference: SEED mode (:class:`~tianshou_plugins.CentralInference`): the
+            inference server samples every actor's actions and returns their log-probs; the
+            actors hold no weights. ``None``: each actor acts with its own copy.
     """
 
     actor_method = "collect_trajectory"
     name = "VTraceCollector"
+    server_kind = "policy"
 
     def __init__(
         self,
@@ -85,6 +90,7 @@ class VTraceCollector(RayActorCollector[VTraceCollectStats]):
         num_cpus_per_actor: float = 0.25,
         seed: int | None = None,
         timeout_s: float = 120.0,
+        central_inference: CentralInference | None = None,
     ) -> None:
         if not isinstance(algorithm, VTrace):
             raise TypeError(
@@ -112,15 +118,19 @@ class VTraceCollector(RayActorCollector[VTraceCollectStats]):
         import ray
 
         super().__init__(
-            algorithm, fleet=fleet, buffer=buffer, collect_stats_class=VTraceCollectStats
+            algorithm,
+            fleet=fleet,
+            buffer=buffer,
+            collect_stats_class=VTraceCollectStats,
+            central_inference=central_inference,
         )
         self._algorithm = algorithm
         self._published_version = -1
         if not ray.is_initialized():
             ray.init()
         check_cpus(
-            "VTraceCollector's actors (num_actors x num_cpus_per_actor)",
-            num_actors * num_cpus_per_actor,
+            "VTraceCollector's actors (num_actors x num_cpus_per_actor) and inference server",
+            num_actors * num_cpus_per_actor + self.server_cpus(),
         )
         try:
             self._start(
@@ -161,11 +171,11 @@ class VTraceCollector(RayActorCollector[VTraceCollectStats]):
             )
         return super()._collect(n_step=n_step, n_episode=n_episode, **kwargs)
 
-    def _publish_weights(self) -> int:
-        """The learner's weights, when it made new ones since the last publish."""
-        if self._algorithm.weights_version > self._published_version:
+    def _publish_weights(self, *, again: bool = False) -> int:
+        """The learner's weights, when it made new ones since the last publish (or again)."""
+        if again or self._algorithm.weights_version > self._published_version:
             latest = self._algorithm.versioned_weights()
-            self.env.weights_server.publish(latest.weights, latest.version)
+            self.weights_sink.publish(latest.weights, latest.version)
             self._published_version = latest.version
         return self._published_version
 
