@@ -1,4 +1,4 @@
-"""Tianshou's highlevel API builds and runs a GorilaDQN experiment (GorilaDQNExperimentBuilder)."""
+"""Tianshou's highlevel API builds and runs GorilaDQN and VTrace experiments (the builders)."""
 
 from __future__ import annotations
 
@@ -84,3 +84,84 @@ def test_gorila_params_are_validated():
     )
     with pytest.raises(TypeError, match="GorilaParams"):
         builder.with_gorila_params({"num_actors": 2})
+
+
+@pytest.mark.parametrize("central", [False, True], ids=["impala", "seed"])
+def test_builder_runs_vtrace_experiment_and_closes_cleanly(ray_session, tmp_path, central):
+    from conftest import alive_actor_count
+    from tianshou.highlevel.config import OnPolicyTrainingConfig
+    from tianshou.highlevel.env import EnvFactoryRegistered, VectorEnvType
+    from tianshou.highlevel.experiment import ExperimentConfig
+
+    from tianshou_plugins import CentralInference, VTrace, VTraceCollector
+    from tianshou_plugins.highlevel import (
+        VTraceActorParams,
+        VTraceExperimentBuilder,
+        VTraceParams,
+        close_world,
+    )
+
+    actors_before = alive_actor_count()
+    experiment = (
+        VTraceExperimentBuilder(
+            EnvFactoryRegistered(task="CartPole-v1", venv_type=VectorEnvType.DUMMY),
+            ExperimentConfig(
+                persistence_enabled=True, persistence_base_dir=str(tmp_path), watch=False, seed=0
+            ),
+            OnPolicyTrainingConfig(
+                max_epochs=1,
+                epoch_num_steps=1_024,
+                batch_size=128,
+                num_training_envs=1,
+                num_test_envs=2,
+                collection_step_num_env_steps=128,
+                test_step_num_episodes=2,
+            ),
+        )
+        .with_vtrace_params(VTraceParams(lr=1e-3, vf_coef=0.5, ent_coef=0.01))
+        .with_vtrace_actors(
+            VTraceActorParams(
+                num_actors=2,
+                envs_per_actor=2,
+                steps_per_env=16,
+                num_cpus_per_actor=0.05,
+                central_inference=CentralInference(num_cpus=0.05) if central else None,
+                seed=0,
+            )
+        )
+        .with_actor_factory_default(hidden_sizes=(32,))
+        .with_critic_factory_default(hidden_sizes=(32,))
+        .build()
+    )
+    result = experiment.run()
+    world = result.world
+    try:
+        assert isinstance(world.algorithm, VTrace)
+        assert isinstance(world.training_collector, VTraceCollector)
+        assert (world.training_collector.env.inference is not None) == central
+        assert world.training_collector.collect_step >= 1_024
+        assert world.algorithm.num_gradient_updates >= 1_024 // 128
+        assert result.trainer_result is not None
+    finally:
+        close_world(world)
+    assert alive_actor_count() == actors_before
+
+
+def test_vtrace_params_are_validated():
+    from tianshou.highlevel.env import EnvFactoryRegistered, VectorEnvType
+
+    from tianshou_plugins.highlevel import VTraceActorParams, VTraceExperimentBuilder
+
+    with pytest.raises(ValueError, match="num_actors"):
+        VTraceActorParams(num_actors=0)
+    with pytest.raises(ValueError, match="steps_per_env"):
+        VTraceActorParams(steps_per_env=0)
+    with pytest.raises(TypeError, match="CentralInference"):
+        VTraceActorParams(central_inference={"max_batch_size": 8})
+    builder = VTraceExperimentBuilder(
+        EnvFactoryRegistered(task="CartPole-v1", venv_type=VectorEnvType.DUMMY)
+    )
+    with pytest.raises(TypeError, match="VTraceParams"):
+        builder.with_vtrace_params({"lr": 1e-3})
+    with pytest.raises(TypeError, match="VTraceActorParams"):
+        builder.with_vtrace_actors({"num_actors": 2})

@@ -1,4 +1,4 @@
-"""Tianshou's highlevel API for GorilaDQN: ``GorilaDQNExperimentBuilder``.
+"""Tianshou's highlevel API: ``GorilaDQNExperimentBuilder`` and ``VTraceExperimentBuilder``.
 
 It is Tianshou's ``DQNExperimentBuilder`` with two changes: the algorithm is
 :class:`~tianshou_plugins.GorilaDQN`, and the training collector is a
@@ -19,7 +19,14 @@ persistence) is Tianshou's.
     result = experiment.run()
     close_gorila_world(result.world)   # stops the actors and the replay shards
 
-Tianshou's experiment does not close collectors; :func:`close_gorila_world` does.
+``VTraceExperimentBuilder`` is Tianshou's ``A2CExperimentBuilder`` (its actor and critic
+factories) with the algorithm :class:`~tianshou_plugins.VTrace` (``.with_vtrace_params(
+VTraceParams(...))``) and a :class:`~tianshou_plugins.VTraceCollector` as the training collector
+(``.with_vtrace_actors(VTraceActorParams(...))``; ``central_inference=CentralInference()`` for
+SEED mode); run it with an ``OnPolicyTrainingConfig``.
+
+Tianshou's experiment does not close collectors; :func:`close_world` (or its older name
+:func:`close_gorila_world`) does.
 """
 
 from __future__ import annotations
@@ -37,15 +44,24 @@ except ImportError:  # Python 3.10
 import gymnasium as gym
 from tianshou.algorithm import Algorithm
 from tianshou.data import BaseCollector
-from tianshou.highlevel.algorithm import AlgorithmFactory, DQNAlgorithmFactory
+from tianshou.highlevel.algorithm import (
+    ActorCriticOnPolicyAlgorithmFactory,
+    AlgorithmFactory,
+    DQNAlgorithmFactory,
+)
 from tianshou.highlevel.env import EnvFactory, Environments, EnvMode
-from tianshou.highlevel.experiment import DQNExperimentBuilder
+from tianshou.highlevel.experiment import A2CExperimentBuilder, DQNExperimentBuilder
+from tianshou.highlevel.params.algorithm_params import OnPolicyAlgorithmParams
 from tianshou.highlevel.world import World
 
 from rl_dist_ext.validation import check_int, check_real
+from tianshou_plugins.actor_collector import RayActorCollector
 from tianshou_plugins.buffer import DistributedPrioritizedReplayBuffer
+from tianshou_plugins.central_inference import CentralInference
 from tianshou_plugins.collector import GorilaCollector
 from tianshou_plugins.gorila_dqn import GorilaDQN
+from tianshou_plugins.vtrace import VTrace
+from tianshou_plugins.vtrace_collector import VTraceCollector
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -64,6 +80,7 @@ class GorilaParams:
     samples_per_insert: float | None = None
     batches_per_request: int = 4
     num_cpus_per_shard: float = 0.1
+    central_inference: CentralInference | None = None  # SEED mode
     seed: int | None = None
 
     def __post_init__(self) -> None:
@@ -104,7 +121,7 @@ BUFFER_SETTINGS = (
 )  # fmt: skip
 COLLECTOR_SETTINGS = (
     "num_actors", "envs_per_actor", "weight_sync_every_n_steps", "steps_per_env",
-    "num_cpus_per_actor", "seed",
+    "num_cpus_per_actor", "central_inference", "seed",
 )  # fmt: skip
 
 
@@ -161,9 +178,124 @@ class GorilaDQNExperimentBuilder(DQNExperimentBuilder):
         )
 
 
-def close_gorila_world(world: World) -> None:
-    """Stop the actors and the replay shards an experiment started."""
+# ---- VTrace ----------------------------------------------------------------------------------
+@dataclass(kw_only=True)
+class VTraceParams(OnPolicyAlgorithmParams):
+    """:class:`~tianshou_plugins.VTrace`'s settings, in the form of Tianshou's ``A2CParams``
+    (``lr``/``optim``, ``gamma``, ``deterministic_eval``, action scaling as Tianshou's)."""
+
+    vf_coef: float = 0.5
+    ent_coef: float = 0.01
+    max_grad_norm: float | None = 40.0
+    clip_rho_threshold: float | None = 1.0
+    clip_pg_rho_threshold: float | None = 1.0
+    vtrace_lambda: float = 1.0
+
+
+@dataclass(frozen=True, kw_only=True)
+class VTraceActorParams:
+    """The distributed part of a VTrace experiment: the actors (and, for SEED, the server)."""
+
+    num_actors: int = 2
+    envs_per_actor: int = 8
+    steps_per_env: int = 32
+    weight_sync_every_n_steps: int = 256
+    max_in_flight_per_actor: int = 2
+    max_trajectories_per_collect: int = 16
+    num_cpus_per_actor: float = 0.25
+    central_inference: CentralInference | None = None
+    seed: int | None = None
+
+    def __post_init__(self) -> None:
+        check_int("num_actors", self.num_actors, 1)
+        check_int("envs_per_actor", self.envs_per_actor, 1)
+        check_int("steps_per_env", self.steps_per_env, 1)
+        check_int("weight_sync_every_n_steps", self.weight_sync_every_n_steps, 1)
+        check_int("max_in_flight_per_actor", self.max_in_flight_per_actor, 1)
+        check_int("max_trajectories_per_collect", self.max_trajectories_per_collect, 1)
+        check_real("num_cpus_per_actor", self.num_cpus_per_actor, low=0.0)
+        if self.central_inference is not None and not isinstance(
+            self.central_inference, CentralInference
+        ):
+            raise TypeError(
+                "central_inference must be a CentralInference (or None), got "
+                f"{type(self.central_inference).__name__}"
+            )
+        if self.seed is not None:
+            check_int("seed", self.seed, 0)
+
+    def create_collector(
+        self, algorithm: VTrace, env_factory: Callable[[], gym.Env]
+    ) -> VTraceCollector:
+        settings = {name: getattr(self, name) for name in self.__dataclass_fields__}
+        return VTraceCollector(algorithm, env_factory=env_factory, **settings)
+
+
+class VTraceAlgorithmFactory(ActorCriticOnPolicyAlgorithmFactory[VTraceParams, VTrace]):
+    """Tianshou's actor-critic factory building a VTrace and its asynchronous collector."""
+
+    def __init__(self, *args: Any, env_factory: EnvFactory, actors: VTraceActorParams) -> None:
+        super().__init__(*args)
+        self.env_factory = env_factory
+        self.actors = actors
+
+    def _get_algorithm_class(self) -> type[VTrace]:
+        return VTrace
+
+    def create_train_test_collectors(
+        self, algorithm: Algorithm, envs: Environments, reset_collectors: bool = True
+    ) -> tuple[BaseCollector, BaseCollector]:
+        training_collector = self.actors.create_collector(
+            algorithm,  # type: ignore[arg-type]
+            functools.partial(_make_training_env, self.env_factory),
+        )
+        test_collector = self.collector_factory.create_collector(algorithm, envs.test_envs)
+        if reset_collectors:
+            test_collector.reset()
+        return training_collector, test_collector
+
+
+class VTraceExperimentBuilder(A2CExperimentBuilder):
+    """``A2CExperimentBuilder`` for VTrace; add :meth:`with_vtrace_params` and
+    :meth:`with_vtrace_actors`."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._params = VTraceParams()  # type: ignore[assignment]
+        self._vtrace_actors = VTraceActorParams()
+
+    def with_vtrace_params(self, params: VTraceParams) -> Self:
+        if not isinstance(params, VTraceParams):
+            raise TypeError(f"params must be a VTraceParams, got {type(params).__name__}")
+        self._params = params  # type: ignore[assignment]
+        return self
+
+    def with_vtrace_actors(self, params: VTraceActorParams) -> Self:
+        if not isinstance(params, VTraceActorParams):
+            raise TypeError(f"params must be a VTraceActorParams, got {type(params).__name__}")
+        self._vtrace_actors = params
+        return self
+
+    def _create_algorithm_factory(self) -> AlgorithmFactory:
+        return VTraceAlgorithmFactory(
+            self._params,
+            self._training_config,
+            self._get_actor_factory(),
+            self._get_critic_factory(0),
+            self._get_optim_factory(),
+            env_factory=self._env_factory,
+            actors=self._vtrace_actors,
+        )
+
+
+def close_world(world: World) -> None:
+    """Stop the actors (and the replay shards or inference server) an experiment started."""
     collector = world.training_collector
-    if isinstance(collector, GorilaCollector):
+    if isinstance(collector, RayActorCollector):
         collector.close()
+    if isinstance(collector, GorilaCollector):
         collector.buffer.close()
+
+
+#: The name of :func:`close_world` from when only GorilaDQN had a builder.
+close_gorila_world = close_world
