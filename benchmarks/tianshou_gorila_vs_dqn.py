@@ -28,7 +28,6 @@ Writes ``benchmarks/results/tianshou_gorila_vs_dqn.{json,md}``::
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
 import platform
@@ -49,13 +48,12 @@ from tianshou.algorithm.modelfree.dqn import DiscreteQLearningPolicy
 from tianshou.algorithm.optim import AdamOptimizerFactory
 from tianshou.data import Collector, VectorReplayBuffer
 from tianshou.env import DummyVectorEnv, SubprocVectorEnv
-from tianshou.trainer import OffPolicyTrainerParams
 from tianshou.utils.net.common import Net
+from tianshou_race import RunClock, test_collector, train_until_target
 
 from tianshou_plugins import DistributedPrioritizedReplayBuffer, GorilaCollector, GorilaDQN
 
 RESULTS = Path(__file__).parent / "results"
-TEST_EPISODES = 10
 ENVS = ("CartPole-v1", "SlowCartPole-v1")
 TARGETS = {"CartPole-v1": 1.0, "SlowCartPole-v1": 0.3, "throughput_efficiency": 0.8}
 ACTOR_TIMEOUT_S = 300.0  # actor start-up (not timed) is slow on a busy 2-core machine
@@ -69,41 +67,6 @@ ENV_FACTORIES: dict[str, Callable[[], gym.Env]] = {
     "CartPole-v1": cartpole,
     "SlowCartPole-v1": slow_cartpole,
 }
-
-
-class _TimeCapReached(Exception):
-    """Raised by :meth:`RunClock.training_fn` once a run has used its ``--max-seconds``."""
-
-
-class RunClock:
-    """The trainer's callbacks that time one run: a cap, the env steps, the moment of the target."""
-
-    def __init__(self, max_seconds: float) -> None:
-        self.max_seconds = max_seconds
-        self.env_steps = 0
-        self.seconds_to_target: float | None = None
-        self.best_test_return: float | None = None
-        self._start = time.perf_counter()
-
-    def start(self) -> None:
-        self._start = time.perf_counter()
-
-    def elapsed(self) -> float:
-        return time.perf_counter() - self._start
-
-    def training_fn(self, epoch: int, env_step: int) -> None:
-        self.env_steps = env_step
-        if self.elapsed() > self.max_seconds:
-            raise _TimeCapReached
-
-    def test_fn(self, epoch: int, env_step: int | None) -> None:
-        self.env_steps = env_step or 0
-
-    def stop_fn(self, best_test_return: float) -> bool:
-        self.best_test_return = best_test_return  # the trainer passes its best test return
-        if best_test_return >= TARGET and self.seconds_to_target is None:
-            self.seconds_to_target = self.elapsed()
-        return best_test_return >= TARGET
 
 
 def make_policy(seed: int, eps_training: float = 0.0) -> DiscreteQLearningPolicy:
@@ -120,41 +83,6 @@ def make_policy(seed: int, eps_training: float = 0.0) -> DiscreteQLearningPolicy
     )
     env.close()
     return policy
-
-
-def test_collector(policy: DiscreteQLearningPolicy, seed: int) -> Collector:
-    """Greedy tests on plain CartPole-v1 (SlowCartPole has the same dynamics)."""
-    envs = DummyVectorEnv([cartpole] * TEST_EPISODES)
-    envs.seed([50_000 + 100 * seed + i for i in range(TEST_EPISODES)])
-    return Collector(policy, envs)
-
-
-def train_until_target(
-    algorithm, training_collector, test: Collector, clock: RunClock, args, **step_params
-) -> dict:
-    """``algorithm.run_training`` until the target or the cap; the run's timing and steps."""
-    params = OffPolicyTrainerParams(
-        training_collector=training_collector,
-        test_collector=test,
-        max_epochs=1_000_000,  # the target or the time cap ends the run
-        epoch_num_steps=args.epoch_steps,
-        test_step_num_episodes=TEST_EPISODES,
-        training_fn=clock.training_fn,
-        test_fn=clock.test_fn,
-        stop_fn=clock.stop_fn,
-        show_progress=False,
-        verbose=False,
-        **step_params,
-    )
-    clock.start()
-    with contextlib.suppress(_TimeCapReached):  # the cap ends a run that missed the target
-        algorithm.run_training(params)
-    return {
-        "seconds_to_target": clock.seconds_to_target,
-        "trained_seconds": clock.elapsed(),
-        "env_steps": clock.env_steps,
-        "best_test_return": clock.best_test_return,
-    }
 
 
 def gorila_run(env: str, seed: int, args) -> dict:

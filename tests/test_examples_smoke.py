@@ -169,6 +169,37 @@ def test_tianshou_vtrace_example_trains_and_writes_checkpoint_and_curve(tmp_path
     assert state["_extra_state"]["num_gradient_updates"] > 0
 
 
+def test_tianshou_vtrace_vs_ppo_bench_writes_json_and_table(tmp_path):
+    run_script(
+        "benchmarks/tianshou_vtrace_vs_ppo.py",
+        "--seeds",
+        "0",
+        "--envs",
+        "CartPole-v1",
+        "--algos",
+        "vtrace-seed",
+        "a2c",
+        "--baseline-layouts",
+        "dummy:2",
+        "--max-seconds",
+        "5",
+        "--epoch-steps",
+        "1000",
+        "--actors",
+        "2",
+        "--envs-per-actor",
+        "2",
+        "--out",
+        str(tmp_path),
+        timeout=280,
+    )
+    result = json.loads((tmp_path / "tianshou_vtrace_vs_ppo.json").read_text())
+    assert set(result["runs"]["CartPole-v1"]) == {"vtrace-seed", "a2c dummy:2"}
+    for runs in result["runs"]["CartPole-v1"].values():
+        assert runs[0]["env_steps"] > 0
+    assert "best VTrace / best baseline" in (tmp_path / "tianshou_vtrace_vs_ppo.md").read_text()
+
+
 def test_tianshou_gorila_vs_dqn_bench_writes_json_and_table(tmp_path):
     run_script(
         "benchmarks/tianshou_gorila_vs_dqn.py",

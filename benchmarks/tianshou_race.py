@@ -1,0 +1,99 @@
+"""What the Tianshou races share: a clock in the trainer's callbacks, greedy tests, one run.
+
+A run is Tianshou's own ``algorithm.run_training`` (off- or on-policy trainer params), timed
+from the call (test steps included) until a test averages >= ``race.TARGET`` or until the cap
+(the ``training_fn`` stops the run at its next training step).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from typing import Any
+
+import gymnasium as gym
+from race import TARGET
+from tianshou.algorithm.algorithm_base import Policy
+from tianshou.data import Collector
+from tianshou.env import DummyVectorEnv
+from tianshou.trainer import OffPolicyTrainerParams, OnPolicyTrainerParams
+
+TEST_EPISODES = 10
+
+
+class _TimeCapReached(Exception):
+    """Raised by :meth:`RunClock.training_fn` once a run has used its ``--max-seconds``."""
+
+
+class RunClock:
+    """The trainer's callbacks that time one run: a cap, the env steps, the moment of the target."""
+
+    def __init__(self, max_seconds: float) -> None:
+        self.max_seconds = max_seconds
+        self.env_steps = 0
+        self.seconds_to_target: float | None = None
+        self.best_test_return: float | None = None
+        self._start = time.perf_counter()
+
+    def start(self) -> None:
+        self._start = time.perf_counter()
+
+    def elapsed(self) -> float:
+        return time.perf_counter() - self._start
+
+    def training_fn(self, epoch: int, env_step: int) -> None:
+        self.env_steps = env_step
+        if self.elapsed() > self.max_seconds:
+            raise _TimeCapReached
+
+    def test_fn(self, epoch: int, env_step: int | None) -> None:
+        self.env_steps = env_step or 0
+
+    def stop_fn(self, best_test_return: float) -> bool:
+        self.best_test_return = best_test_return  # the trainer passes its best test return
+        if best_test_return >= TARGET and self.seconds_to_target is None:
+            self.seconds_to_target = self.elapsed()
+        return best_test_return >= TARGET
+
+
+def test_collector(policy: Policy, seed: int) -> Collector:
+    """Greedy tests on plain CartPole-v1 (SlowCartPole has the same dynamics)."""
+    envs = DummyVectorEnv([lambda: gym.make("CartPole-v1")] * TEST_EPISODES)
+    envs.seed([50_000 + 100 * seed + i for i in range(TEST_EPISODES)])
+    return Collector(policy, envs)
+
+
+def train_until_target(
+    algorithm: Any,
+    training_collector: Any,
+    test: Collector,
+    clock: RunClock,
+    args: Any,
+    *,
+    on_policy: bool = False,
+    **step_params: Any,
+) -> dict:
+    """``algorithm.run_training`` until the target or the cap; the run's timing and steps."""
+    params_class = OnPolicyTrainerParams if on_policy else OffPolicyTrainerParams
+    params = params_class(
+        training_collector=training_collector,
+        test_collector=test,
+        max_epochs=1_000_000,  # the target or the time cap ends the run
+        epoch_num_steps=args.epoch_steps,
+        test_step_num_episodes=TEST_EPISODES,
+        training_fn=clock.training_fn,
+        test_fn=clock.test_fn,
+        stop_fn=clock.stop_fn,
+        show_progress=False,
+        verbose=False,
+        **step_params,
+    )
+    clock.start()
+    with contextlib.suppress(_TimeCapReached):  # the cap ends a run that missed the target
+        algorithm.run_training(params)
+    return {
+        "seconds_to_target": clock.seconds_to_target,
+        "trained_seconds": clock.elapsed(),
+        "env_steps": clock.env_steps,
+        "best_test_return": clock.best_test_return,
+    }
