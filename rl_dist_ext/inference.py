@@ -17,6 +17,10 @@ Ray actor. The policy is framework-agnostic: ``policy_factory(device)`` returns 
 ``__call__(obs: np.ndarray) -> dict[str, np.ndarray]`` (batch-major outputs, ``"actions"``
 among them), ``set_weights(weights)`` and ``is_recurrent``. Recurrent policies are rejected:
 per-(actor, env) state on the server is not implemented.
+
+Several modules (multi-agent runs): the factory returns module id -> policy; every request
+names its module (``infer(caller, obs, module=...)``), a batch holds the requests of one module,
+and ``set_weights`` takes module id -> weights under one version.
 """
 
 from __future__ import annotations
@@ -25,7 +29,7 @@ import asyncio
 import contextlib
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, NamedTuple, Protocol
 
@@ -72,12 +76,17 @@ class InferenceReply(NamedTuple):
     queue_ms: float  # time the request waited before its batch ran
 
 
+#: The module of a single-policy server (and of requests that name none).
+SINGLE = ""
+
+
 @dataclass
 class _Request:
     caller: str
     obs: np.ndarray
     future: asyncio.Future
     enqueued: float
+    module: str = SINGLE
 
 
 class InferenceServer:
@@ -98,12 +107,17 @@ class InferenceServer:
             raise TypeError(
                 f"config must be an InferenceServerConfig, got {type(self._config).__name__}"
             )
-        self._policy = policy_factory(self._config.device)
-        if getattr(self._policy, "is_recurrent", False):
-            raise ValueError(
-                "central inference does not support recurrent policies (the server keeps no "
-                "per-(actor, env) state); use local inference for this module"
-            )
+        policy = policy_factory(self._config.device)
+        self._policies: dict[str, InferencePolicy] = (
+            dict(policy) if isinstance(policy, Mapping) else {SINGLE: policy}
+        )
+        for module, each in self._policies.items():
+            if getattr(each, "is_recurrent", False):
+                raise ValueError(
+                    "central inference does not support recurrent policies (the server keeps "
+                    "no per-(actor, env) state); use local inference for "
+                    + (f"module {module!r}" if module else "this module")
+                )
         self._version = -1
         self._queue: deque[_Request] = deque()
         self._rows_queued = 0
@@ -143,16 +157,22 @@ class InferenceServer:
         if self._wake is not None:
             self._wake.set()  # a batch waiting for this caller may run now
 
-    async def infer(self, caller: str, obs: np.ndarray) -> InferenceReply:
-        """The policy's outputs for ``obs`` (``[N, *obs_shape]``), batched with other callers."""
+    async def infer(self, caller: str, obs: np.ndarray, module: str = SINGLE) -> InferenceReply:
+        """The policy's outputs for ``obs`` (``[N, *obs_shape]``), batched with other callers'
+        requests for the same ``module``."""
         obs = np.asarray(obs)
         if obs.ndim < 1 or obs.shape[0] < 1:
             raise ValueError(f"obs must be [N, ...] with N >= 1, got shape {obs.shape}")
+        if module not in self._policies:
+            raise ValueError(
+                f"the inference server has no policy for module {module!r}; it serves "
+                f"{sorted(self._policies)}"
+            )
         loop = asyncio.get_running_loop()
         if self._wake is None or self._batcher is None or self._batcher.done():
             self._wake = asyncio.Event()
             self._batcher = loop.create_task(self._batch_loop())
-        request = _Request(caller, obs, loop.create_future(), time.monotonic())
+        request = _Request(caller, obs, loop.create_future(), time.monotonic(), module)
         self._queue.append(request)
         self._rows_queued += obs.shape[0]
         self._last_seen[caller] = request.enqueued
@@ -166,13 +186,24 @@ class InferenceServer:
         """Use ``weights`` from the next batch on; returns the version now held.
 
         Pushes are fire-and-forget and an async actor may run them out of order, so a version
-        that is not newer than the held one is ignored (and counted), never applied.
+        that is not newer than the held one is ignored (and counted), never applied. A server of
+        several modules takes module id -> weights.
         """
         version = check_int("version", version, 0)
         if version <= self._version:
             self._num_stale_weights += 1
             return self._version
-        self._policy.set_weights(weights)
+        if set(self._policies) == {SINGLE}:
+            self._policies[SINGLE].set_weights(weights)
+        else:
+            unknown = set(weights) - set(self._policies)
+            if unknown:
+                raise ValueError(
+                    f"weights for modules {sorted(unknown)} the server does not serve "
+                    f"({sorted(self._policies)})"
+                )
+            for module, module_weights in weights.items():
+                self._policies[module].set_weights(module_weights)
         self._version = version
         self._weights_set_at = time.monotonic()
         return version
@@ -236,12 +267,24 @@ class InferenceServer:
         return min(ends) if ends else None
 
     def _take_batch(self, max_rows: int) -> list[_Request]:
+        """The oldest request and the next ones of its module that fit in ``max_rows``, in
+        arrival order (requests of other modules keep their places)."""
         batch = [self._queue.popleft()]
         rows = batch[0].obs.shape[0]
-        while self._queue and rows + self._queue[0].obs.shape[0] <= max_rows:
+        left: deque[_Request] = deque()
+        while self._queue:
             request = self._queue.popleft()
+            if request.module != batch[0].module:
+                left.append(request)
+                continue
+            if rows + request.obs.shape[0] > max_rows:
+                left.append(request)
+                left.extend(self._queue)
+                self._queue.clear()
+                break
             rows += request.obs.shape[0]
             batch.append(request)
+        self._queue = left
         self._rows_queued -= rows
         for request in batch:
             self._queued_by_caller[request.caller] -= 1
@@ -254,7 +297,7 @@ class InferenceServer:
             return
         try:
             obs = np.concatenate([r.obs for r in live])
-            outputs = self._policy(obs)
+            outputs = self._policies[live[0].module](obs)
             rows = obs.shape[0]
             for name, value in outputs.items():
                 if np.shape(value)[:1] != (rows,):

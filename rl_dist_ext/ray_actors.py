@@ -200,13 +200,14 @@ class InferenceCaller:
         """Announce this caller; returns how often it registered before (restarts)."""
         return ray.get(self.server.register.remote(self.caller), timeout=self._retry_s)
 
-    def infer(self, obs: Any) -> InferenceReply:
-        """The server's outputs for ``obs`` (``[N, ...]``), batched with other callers."""
+    def infer(self, obs: Any, module: str = "") -> InferenceReply:
+        """The server's outputs for ``obs`` (``[N, ...]``), batched with other callers
+        (multi-agent servers: with other requests for ``module``)."""
         obs = np.asarray(obs)
         deadline = time.monotonic() + self._retry_s
         while True:
             try:
-                reply = ray.get(self.server.infer.remote(self.caller, obs))
+                reply = ray.get(self.server.infer.remote(self.caller, obs, module))
                 break
             except (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError):
                 if time.monotonic() > deadline:

@@ -643,3 +643,29 @@ def test_stats_report_a_dead_shard_without_waiting_for_it(make_replay):
         assert time.monotonic() < deadline, stats
         time.sleep(0.05)
     assert stats["shard_failures"] == 1 and stats["size_per_shard"][1] is None
+
+
+@pytest.mark.ray
+def test_an_insert_counts_for_the_rate_limiter_what_its_count_says(make_replay):
+    """Multi-agent actors credit each module's replay with env steps, not rows: the count
+    travels through the client to the shard's limiter (and into the stats)."""
+    replay = make_replay(
+        num_shards=1,
+        capacity=1_000,
+        min_size_to_sample=1,
+        samples_per_insert=1.0,
+        error_buffer=8.0,
+        timeout_s=2.0,
+        status_refresh_s=0.2,
+    )
+    replay.add({"x": np.zeros((4, 1), np.float32)}, count=40)
+    replay.flush()
+    stats = replay.stats(wait=True)
+    assert (stats["num_inserted"], stats["counted_inserts"]) == (4, 40)
+    # 40 sampled rows on 4 inserted ones: counted as rows, the limiter would have held the
+    # learner after 11 (and raised RateLimitTimeout after timeout_s)
+    for _ in range(10):
+        replay.sample(4, beta=0.0)
+    assert 1.0 <= replay.stats(wait=True)["rate_limiter_ratio"] <= 1.2  # prefetch: 1-2 more
+    with pytest.raises(ValueError, match="count must be an int >= 0"):
+        replay.add({"x": np.zeros((1, 1), np.float32)}, count=-1)

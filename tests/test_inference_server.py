@@ -52,7 +52,7 @@ def test_concurrent_callers_are_batched_and_each_gets_its_own_rows_once():
     # Requests that waited for a batch to form (or for the one before to run) report it.
     queued = [reply.queue_ms for reply in replies]
     assert min(queued) >= 0.0 and max(queued) > 0.0
-    policy = server._policy
+    policy = server._policies[""]
     assert sum(policy.batches) == sum(len(o) for o in requests)  # every row exactly once
     assert max(policy.batches) <= 64
     assert len(policy.batches) < len(requests)  # requests really were batched
@@ -72,14 +72,14 @@ def test_a_full_batch_runs_without_waiting_for_the_timeout():
 
     replies = asyncio.run(main())
     assert len(replies) == 8
-    assert server._policy.batches == [4, 4]
+    assert server._policies[""].batches == [4, 4]
 
 
 def test_a_lone_caller_is_answered_at_once_not_after_max_wait():
     server = _server(max_batch_size=1_000, max_wait_ms=10_000.0)
     reply = asyncio.run(asyncio.wait_for(server.infer("a", np.ones((2, 3))), timeout=5.0))
     assert reply.outputs["actions"].shape == (2,)
-    assert server._policy.batches == [2]
+    assert server._policies[""].batches == [2]
     assert asyncio.run(server.stats())["early_batches"] == 1
 
 
@@ -104,7 +104,7 @@ def test_a_batch_runs_once_every_active_caller_has_a_request_queued():
         return await first, second
 
     first, second = asyncio.run(main())
-    assert server._policy.batches == [3]
+    assert server._policies[""].batches == [3]
     assert first.queue_ms >= 150.0 and second.queue_ms < 150.0
 
 
@@ -120,7 +120,7 @@ def test_a_caller_that_says_it_is_idle_is_not_waited_for():
 
     reply, again = asyncio.run(main())
     assert reply.queue_ms < 5_000.0 and again.queue_ms < 1_000.0
-    assert server._policy.batches == [1, 1]
+    assert server._policies[""].batches == [1, 1]
 
 
 def test_a_caller_that_went_quiet_delays_others_only_until_its_window_ends():
@@ -242,3 +242,32 @@ def test_config_errors_and_recurrent_policies_are_rejected():
         InferenceServer(Recurrent)
     with pytest.raises(ValueError, match="obs"):
         asyncio.run(_server().infer("a", np.ones((0, 3))))
+
+
+def test_a_server_of_several_modules_batches_each_module_apart_and_takes_weights_per_module():
+    policies = {}
+
+    def factory(device):
+        policies.update(a=_LinearPolicy(device), b=_LinearPolicy(device))
+        return dict(policies)
+
+    server = InferenceServer(factory, InferenceServerConfig(max_batch_size=64, max_wait_ms=20.0))
+    rng = np.random.default_rng(3)
+    requests = [(f"r{i}", "ab"[i % 2], rng.normal(size=(2, 3))) for i in range(10)]
+
+    async def main():
+        await server.set_weights({"b": -np.eye(3)}, 1)  # only b's weights change
+        return await asyncio.gather(*(server.infer(c, obs, m) for c, m, obs in requests))
+
+    replies = asyncio.run(main())
+    for (_, module, obs), reply in zip(requests, replies, strict=True):
+        sign = 1.0 if module == "a" else -1.0
+        np.testing.assert_allclose(reply.outputs["q_values"], sign * obs)
+        assert reply.version == 1
+    assert sum(policies["a"].batches) == sum(policies["b"].batches) == 10  # rows of its module
+    assert len(policies["a"].batches) < 5  # batched within the module
+
+    with pytest.raises(ValueError, match=r"no policy for module 'c'; it serves \['a', 'b'\]"):
+        asyncio.run(server.infer("r0", np.zeros((1, 3)), "c"))
+    with pytest.raises(ValueError, match=r"weights for modules \['c'\]"):
+        asyncio.run(server.set_weights({"c": np.eye(3)}, 2))

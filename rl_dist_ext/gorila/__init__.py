@@ -10,9 +10,16 @@ Versions and policy lag: :mod:`rl_dist_ext.params`. Nothing here imports Ray: th
 and the parameter server come in as objects with the plain classes' methods.
 """
 
-from rl_dist_ext.gorila.actor import ActorStep, ActorStepResult, Rollout
+from rl_dist_ext.gorila.actor import (
+    COUNT_STEPS_BY,
+    ActorStep,
+    ActorStepResult,
+    ModuleRollouts,
+    Rollout,
+)
 from rl_dist_ext.gorila.learner import GorilaLearner, GorilaLearnerCounters, UpdateStats
 from rl_dist_ext.gorila.transitions import (
+    NEXT_ACTION_MASK,
     ROLLOUT_COLUMNS,
     TRANSITION_COLUMNS,
     ActorBatch,
@@ -21,6 +28,8 @@ from rl_dist_ext.gorila.transitions import (
 )
 
 __all__ = [
+    "COUNT_STEPS_BY",
+    "NEXT_ACTION_MASK",
     "ROLLOUT_COLUMNS",
     "TRANSITION_COLUMNS",
     "ActorBatch",
@@ -28,6 +37,7 @@ __all__ = [
     "ActorStepResult",
     "GorilaLearner",
     "GorilaLearnerCounters",
+    "ModuleRollouts",
     "Rollout",
     "UpdateStats",
     "check_finite",

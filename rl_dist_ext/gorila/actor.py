@@ -8,12 +8,22 @@ acts, loads weights and computes Q-values.
 
 In SEED mode an actor holds no weights (``weights=None``): it never pulls, and the version that
 acted is the one the inference server reports with its replies (``Rollout.acting_version``).
+
+Multi-agent actors (``replays=``, one replay per trained module) act once for every agent and
+push each module's steps, folded per agent, to that module's replay: :meth:`ActorStep.run_modules`.
+The replays' rate limiters count **env steps** by default (``count_steps_by="env_steps"``, as
+RLlib's ``multi_agent(count_steps_by=...)``): every module's replay is credited with each env
+step once, whatever number of that module's agent steps it held (a module with no steps in a
+rollout carries the credit to its next insert). Every module's replay then holds the same
+ratio of sampled rows per env step, so a learner that samples every module in each update is
+never held by one module's limiter while the actors are held by another's.
+``count_steps_by="agent_steps"`` counts each module's own rows.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any, NamedTuple, Protocol
+from collections.abc import Callable, Mapping
+from typing import Any, Literal, NamedTuple, Protocol
 
 import numpy as np
 import torch
@@ -31,6 +41,21 @@ class ReplayWriter(Protocol):
     def add(self, transitions: dict[str, np.ndarray], priorities: np.ndarray | None) -> Any: ...
 
 
+class CountingReplayWriter(Protocol):
+    """A replay whose rate limiter can be told what an insert counts (multi-agent runs)."""
+
+    def add(
+        self,
+        transitions: dict[str, np.ndarray],
+        priorities: np.ndarray | None,
+        *,
+        count: int | None = None,
+    ) -> Any: ...
+
+
+COUNT_STEPS_BY = ("env_steps", "agent_steps")
+
+
 class Rollout(NamedTuple):
     """What acting returns: ``ROLLOUT_COLUMNS`` -> time-major ``[T, B, ...]`` arrays."""
 
@@ -40,9 +65,22 @@ class Rollout(NamedTuple):
     acting_version: float | None = None
 
 
+class ModuleRollouts(NamedTuple):
+    """What multi-agent acting returns: each trained module's agent steps and the env steps."""
+
+    #: module id -> the steps of the agents it acts for, ``[T, B]`` (an agent's steps in a
+    #: column or end to end, each piece ending terminated or truncated; see ``fold_nstep``).
+    by_module: dict[str, Rollout]
+    env_steps: int
+    #: as :attr:`Rollout.acting_version` (SEED: the server's mean version), for all modules.
+    acting_version: float | None = None
+
+
 class ActorStepResult(NamedTuple):
-    env_steps: int  # T * B of this rollout
+    env_steps: int  # T * B of this rollout (multi-agent: env steps, not agent steps)
     weights_version: float  # the version that acted (-1: initial weights, nothing pulled yet)
+    #: multi-agent: module id -> agent steps pushed to its replay in this step
+    agent_steps: dict[str, int] | None = None
 
 
 class ActorStep(HoldsPulledWeights):
@@ -50,6 +88,9 @@ class ActorStep(HoldsPulledWeights):
 
     Args:
         replay: where transitions go (a ``DistributedReplay`` client or a ``PrioritizedReplay``).
+        replays: multi-agent, instead of ``replay``: module id -> that module's replay (the
+            trained modules only).
+        count_steps_by: multi-agent: what the replays' rate limiters count (module docstring).
         gamma, n_step: discount and horizon of the n-step transitions.
         prioritized: push the local network's ``|TD|`` as initial priorities (else ``None``:
             the replay's default priority).
@@ -61,7 +102,9 @@ class ActorStep(HoldsPulledWeights):
     def __init__(
         self,
         *,
-        replay: ReplayWriter,
+        replay: ReplayWriter | None = None,
+        replays: Mapping[str, CountingReplayWriter] | None = None,
+        count_steps_by: Literal["env_steps", "agent_steps"] = "env_steps",
         gamma: float,
         n_step: int,
         prioritized: bool = True,
@@ -69,7 +112,16 @@ class ActorStep(HoldsPulledWeights):
         pull_every_n_steps: int = 400,
         name: str = "actor",
     ) -> None:
+        if (replay is None) == (replays is None):
+            raise ValueError("ActorStep needs exactly one of replay= and replays=")
+        if count_steps_by not in COUNT_STEPS_BY:
+            raise ValueError(
+                f"count_steps_by must be one of {COUNT_STEPS_BY}, got {count_steps_by!r}"
+            )
         self._replay = replay
+        self._replays = dict(replays or {})
+        self._count_env_steps = count_steps_by == "env_steps"
+        self._credit = dict.fromkeys(self._replays, 0)  # env steps not yet told to a module
         self._gamma = gamma
         self._n_step = check_int("n_step", n_step, 1)
         self._prioritized = prioritized
@@ -99,6 +151,58 @@ class ActorStep(HoldsPulledWeights):
         self, rollout: Rollout, q_values: Callable[[torch.Tensor], torch.Tensor]
     ) -> ActorStepResult:
         """Fold ``rollout``, attach initial priorities, check and push it."""
+        if self._replay is None:
+            raise RuntimeError(f"{self.name} has one replay per module: use push_modules()")
+        steps = self._push_to(self._replay, rollout, q_values, count=None)
+        return self._counted(steps, rollout.acting_version)
+
+    def run_modules(
+        self,
+        *,
+        act: Callable[[], ModuleRollouts],
+        q_values: Mapping[str, Callable[[torch.Tensor], torch.Tensor]],
+        load_weights: Callable[[Any], None],
+    ) -> ActorStepResult:
+        """One multi-agent actor step; ``q_values`` maps each trained module to its network."""
+        self._weights.pull_if_due(load_weights)
+        return self.push_modules(act(), q_values)
+
+    def push_modules(
+        self,
+        rollouts: ModuleRollouts,
+        q_values: Mapping[str, Callable[[torch.Tensor], torch.Tensor]],
+    ) -> ActorStepResult:
+        """Fold, prioritise, check and push each module's steps to that module's replay."""
+        if not self._replays:
+            raise RuntimeError(f"{self.name} has a single replay: use push()")
+        unknown = set(rollouts.by_module) - set(self._replays)
+        if unknown:
+            raise ValueError(
+                f"{self.name}: steps of modules {sorted(unknown)} that have no replay (trained "
+                f"modules: {sorted(self._replays)})"
+            )
+        agent_steps = {}
+        for module, replay in self._replays.items():
+            self._credit[module] += rollouts.env_steps
+            rollout = rollouts.by_module.get(module)
+            if rollout is None or rollout.columns["rewards"].size == 0:
+                agent_steps[module] = 0
+                continue
+            count = self._credit[module] if self._count_env_steps else None
+            agent_steps[module] = self._push_to(replay, rollout, q_values[module], count=count)
+            self._credit[module] = 0
+        result = self._counted(rollouts.env_steps, rollouts.acting_version)
+        return result._replace(agent_steps=agent_steps)
+
+    def _push_to(
+        self,
+        replay: Any,
+        rollout: Rollout,
+        q_values: Callable[[torch.Tensor], torch.Tensor],
+        *,
+        count: int | None,
+    ) -> int:
+        """Fold, prioritise, check and add ``rollout`` to ``replay``; returns its rows."""
         missing = set(ROLLOUT_COLUMNS) - set(rollout.columns)
         if missing:
             raise ValueError(f"{self.name}: the rollout lacks columns {sorted(missing)}")
@@ -106,10 +210,15 @@ class ActorStep(HoldsPulledWeights):
             **rollout.columns, gamma=self._gamma, n_step=self._n_step, q_values=q_values
         )
         check_finite(batch.transitions, source=self.name)
-        self._replay.add(batch.transitions, batch.priorities if self._prioritized else None)
-        rewards = rollout.columns["rewards"]
-        steps = int(rewards.shape[0] * rewards.shape[1])
-        self._weights.count(steps)
-        self.env_steps += steps
-        version = self.weights_version if rollout.acting_version is None else rollout.acting_version
-        return ActorStepResult(steps, float(version))
+        priorities = batch.priorities if self._prioritized else None
+        if count is None:
+            replay.add(batch.transitions, priorities)
+        else:
+            replay.add(batch.transitions, priorities, count=count)
+        return int(rollout.columns["rewards"].size)
+
+    def _counted(self, env_steps: int, acting_version: float | None) -> ActorStepResult:
+        self._weights.count(env_steps)
+        self.env_steps += env_steps
+        version = self.weights_version if acting_version is None else acting_version
+        return ActorStepResult(env_steps, float(version))

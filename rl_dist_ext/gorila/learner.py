@@ -12,6 +12,12 @@ calls hooks (Tianshou) calls the phases from those hooks: :meth:`after_gradient_
 gradients are applied, :meth:`send_priorities` after, :meth:`publish` when it hands control to
 acting. The adapter supplies the framework parts: the gradient step, how to copy the online
 network into the target network, and how to export weights for actors.
+
+Multi-agent learners hold one replay per trained module (``connect(replays=...)``) and run
+:meth:`GorilaLearner.update_modules`: each update samples a batch from every module's replay,
+takes one gradient step over all of them (the framework sums the modules' losses), and sends
+each module's ``|TD|`` back to its own replay. The version, target period and publishes count
+these joint updates.
 """
 
 from __future__ import annotations
@@ -26,6 +32,9 @@ import torch
 from rl_dist_ext.params import WeightsVersion
 from rl_dist_ext.replay.prioritized import ReplaySample
 from rl_dist_ext.validation import check_int
+
+#: The key of the one replay of a single-agent learner in :attr:`GorilaLearner.replays`.
+SINGLE = ""
 
 
 class LearnerReplay(Protocol):
@@ -70,7 +79,7 @@ class GorilaLearner:
         sync_target: Callable[[], None],
         export_weights: Callable[[], Any],
     ) -> None:
-        self.replay = replay
+        self.replays: dict[str, LearnerReplay] = {} if replay is None else {SINGLE: replay}
         self.batch_size = None if batch_size is None else check_int("batch_size", batch_size, 1)
         self.prioritized = prioritized
         self.target_update_every = check_int("target_update_every", target_update_every, 1)
@@ -90,20 +99,44 @@ class GorilaLearner:
     def weights_version(self) -> int:
         return self.clock.version
 
+    @property
+    def replay(self) -> LearnerReplay | None:
+        """The replay of a single-agent learner (``None`` before one is connected)."""
+        return self.replays.get(SINGLE)
+
+    @replay.setter
+    def replay(self, replay: LearnerReplay | None) -> None:
+        self.replays = {} if replay is None else {SINGLE: replay}
+
     # ---- wiring -------------------------------------------------------------------------------
-    def connect(self, *, replay: LearnerReplay | None = None, weights: WeightsSink | None) -> int:
-        """Take the replay (if given) and the weights sink; publish the current weights."""
+    def connect(
+        self,
+        *,
+        replay: LearnerReplay | None = None,
+        replays: dict[str, LearnerReplay] | None = None,
+        weights: WeightsSink | None,
+    ) -> int:
+        """Take the replay (or, multi-agent, module id -> replay) if given and the weights sink;
+        publish the current weights."""
+        if replay is not None and replays is not None:
+            raise ValueError("connect() takes replay= or replays=, not both")
         if replay is not None:
             self.replay = replay
+        if replays is not None:
+            self.replays = dict(replays)
         self._sink = weights
         self._published_version = -1
         return self.publish()
 
     # ---- the phases ---------------------------------------------------------------------------
     def sample(self, beta: float) -> ReplaySample:
-        if self.replay is None or self.batch_size is None:
+        return self.sample_modules(beta)[SINGLE]
+
+    def sample_modules(self, beta: float) -> dict[str, ReplaySample]:
+        """A batch from every module's replay (single-agent: the key :data:`SINGLE`)."""
+        if not self.replays or self.batch_size is None:
             raise RuntimeError("GorilaLearner.sample() needs a replay and a batch_size")
-        return self.replay.sample(self.batch_size, beta=beta)
+        return {m: replay.sample(self.batch_size, beta=beta) for m, replay in self.replays.items()}
 
     def after_gradient_step(self) -> None:
         """Count the update that was just applied; every C-th, sync the target network."""
@@ -112,13 +145,16 @@ class GorilaLearner:
             self._sync_target()
             self.num_target_updates += 1
 
-    def send_priorities(self, keys: np.ndarray, td_error: torch.Tensor | np.ndarray) -> None:
-        """New priorities ``|td_error|`` for the sampled ``keys`` (if prioritized)."""
+    def send_priorities(
+        self, keys: np.ndarray, td_error: torch.Tensor | np.ndarray, *, module: str = SINGLE
+    ) -> None:
+        """New priorities ``|td_error|`` for the sampled ``keys`` of ``module``'s replay (if
+        prioritized)."""
         if not self.prioritized:
             return
         if isinstance(td_error, torch.Tensor):
             td_error = td_error.detach().cpu().numpy()
-        self.replay.update_priorities(keys, np.abs(td_error))
+        self.replays[module].update_priorities(keys, np.abs(td_error))
 
     def publish(self, *, new_version: bool = False) -> int:
         """Publish the current weights unless this version already went out; returns it.
@@ -144,20 +180,36 @@ class GorilaLearner:
         once where its framework finishes the step (RLlib's ``after_gradient_based_update``
         hook), and returns the ``[B]`` TD errors.
         """
+        return self.update_modules(
+            num_updates,
+            beta=beta,
+            gradient_step=lambda samples: {SINGLE: gradient_step(samples[SINGLE])},
+        )
+
+    def update_modules(
+        self,
+        num_updates: int,
+        *,
+        beta: float,
+        gradient_step: Callable[[dict[str, ReplaySample]], dict[str, Any]],
+    ) -> UpdateStats:
+        """:meth:`update` with one replay per module: ``gradient_step(samples)`` takes module
+        id -> sample, applies one joint update and returns module id -> ``[B]`` TD errors."""
         started = time.monotonic()
         wait = 0.0
         for _ in range(num_updates):
             t0 = time.monotonic()
-            sample = self.sample(beta)
+            samples = self.sample_modules(beta)
             wait += time.monotonic() - t0
             updates_before = self.clock.num_gradient_updates
-            td_error = gradient_step(sample)
+            td_errors = gradient_step(samples)
             if self.clock.num_gradient_updates != updates_before + 1:
                 raise RuntimeError(
                     "gradient_step must apply exactly one update and call "
                     "GorilaLearner.after_gradient_step() once"
                 )
-            self.send_priorities(sample.keys, td_error)
+            for module, sample in samples.items():
+                self.send_priorities(sample.keys, td_errors[module], module=module)
             if self.clock.num_gradient_updates % self.publish_every == 0:
                 self.publish()
         return UpdateStats(num_updates, time.monotonic() - started, wait)
@@ -166,7 +218,7 @@ class GorilaLearner:
         """Pickled (e.g. with a whole framework algorithm), the learner leaves its replay and
         weights connections behind: they belong to the running process."""
         state = self.__dict__.copy()
-        state.update(replay=None, _sink=None, _published_version=-1)
+        state.update(replays={}, _sink=None, _published_version=-1)
         return state
 
     # ---- checkpoints --------------------------------------------------------------------------

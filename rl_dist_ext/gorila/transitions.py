@@ -21,6 +21,9 @@ from rl_dist_ext.ops.nstep import flatten_time_batch, fold_nstep
 TRANSITION_COLUMNS = ("obs", "action", "reward", "discount", "next_obs")
 #: Column names of an actor's time-major ``[T, B]`` rollout (what the framework's acting gives).
 ROLLOUT_COLUMNS = ("obs", "actions", "rewards", "next_obs", "terminated", "truncated")
+#: The optional column of envs with action masks: ``[T, B, A]`` bool in a rollout (the legal
+#: actions at ``next_obs``), ``[N, A]`` in a replay row (at the bootstrap observation).
+NEXT_ACTION_MASK = "next_action_mask"
 
 
 class ActorBatch(NamedTuple):
@@ -39,12 +42,14 @@ def nstep_batch_with_priorities(
     gamma: float,
     n_step: int,
     q_values: Callable[[torch.Tensor], torch.Tensor],
+    next_action_mask: np.ndarray | None = None,
 ) -> ActorBatch:
     """Fold a ``[T, B]`` rollout into n-step transitions and attach initial priorities.
 
     Args:
-        obs, actions, rewards, next_obs, terminated, truncated: the rollout, time-major, as
-            :func:`rl_dist_ext.ops.nstep.fold_nstep` takes it.
+        obs, actions, rewards, next_obs, terminated, truncated, next_action_mask: the rollout,
+            time-major, as :func:`rl_dist_ext.ops.nstep.fold_nstep` takes it (with masks, the
+            initial TD errors bootstrap from legal actions only, as the learner's do).
         gamma: discount per step.
         n_step: n of the n-step return.
         q_values: the actor's local network, ``[N, *obs_shape]`` float tensor -> ``[N, A]``.
@@ -58,6 +63,7 @@ def nstep_batch_with_priorities(
         truncated=truncated,
         gamma=gamma,
         n=n_step,
+        next_action_mask=next_action_mask,
     )
     transitions = flatten_time_batch(folded)
     with torch.no_grad():
@@ -70,6 +76,11 @@ def nstep_batch_with_priorities(
             discounts=torch.as_tensor(transitions["discount"]),
             q_online_tp1=q_tp1,
             q_target_tp1=q_tp1,
+            next_action_mask=(
+                None
+                if NEXT_ACTION_MASK not in transitions
+                else torch.as_tensor(transitions[NEXT_ACTION_MASK])
+            ),
         ).td_error
     return ActorBatch(transitions, td.abs().double().cpu().numpy())
 

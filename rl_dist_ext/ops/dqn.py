@@ -9,6 +9,13 @@ References:
   ``gamma ** n`` and the termination mask (see :mod:`rl_dist_ext.ops.nstep`).
 
 Batch-major ``[B]`` (replayed transitions have no time axis); Q-values are ``[B, A]``.
+
+Action masks (turn-based games, e.g. PettingZoo's classic envs): ``next_action_mask[b, a]`` says
+whether action ``a`` is legal at ``s_{t+n}``. Only legal actions may be selected for the
+bootstrap (:func:`masked_argmax`); the target network's value of the selected action is used
+as it is, so a state with no legal action (a terminal board, whose discount is 0) still gives a
+finite target. :func:`mask_q_values` is the one place the masking rule lives; acting
+(greedy and epsilon-greedy, :func:`epsilon_greedy_masked`) uses it too.
 """
 
 from __future__ import annotations
@@ -19,6 +26,48 @@ import torch
 import torch.nn.functional as F
 
 LOSS_TYPES = ("huber", "mse")
+
+
+def mask_q_values(q_values: torch.Tensor, action_mask: torch.Tensor | None) -> torch.Tensor:
+    """``q_values`` (``[B, A]``) with illegal actions (``action_mask[b, a]`` false or 0) set to
+    the dtype's lowest finite value, so that no argmax picks them while any legal action exists.
+    ``action_mask=None`` returns ``q_values`` unchanged."""
+    if action_mask is None:
+        return q_values
+    if tuple(action_mask.shape) != tuple(q_values.shape):
+        raise ValueError(
+            f"action_mask must have the shape of the Q-values {tuple(q_values.shape)}, got "
+            f"{tuple(action_mask.shape)}"
+        )
+    lowest = torch.finfo(q_values.dtype).min
+    return torch.where(action_mask.to(q_values.device).bool(), q_values, lowest)
+
+
+def masked_argmax(q_values: torch.Tensor, action_mask: torch.Tensor | None) -> torch.Tensor:
+    """``[B]`` greedy actions among the legal ones (all actions when ``action_mask`` is None)."""
+    return mask_q_values(q_values, action_mask).argmax(dim=-1)
+
+
+def epsilon_greedy_masked(
+    q_values: torch.Tensor,
+    action_mask: torch.Tensor | None,
+    epsilon: float,
+    generator: torch.Generator | None = None,
+) -> torch.Tensor:
+    """``[B]`` epsilon-greedy actions: with probability ``epsilon`` a uniformly random legal
+    action, else the greedy legal one. A row with no legal action gets the greedy index (0)."""
+    greedy = masked_argmax(q_values, action_mask)
+    batch, num_actions = q_values.shape
+    legal = (
+        torch.ones_like(q_values, dtype=torch.bool)
+        if action_mask is None
+        else action_mask.to(q_values.device).bool()
+    )
+    # A uniform legal action: the argmax of uniform noise over the legal actions.
+    noise = torch.rand((batch, num_actions), generator=generator, device=q_values.device)
+    random_legal = torch.where(legal, noise, -1.0).argmax(dim=-1)
+    explore = torch.rand((batch,), generator=generator, device=q_values.device) < epsilon
+    return torch.where(explore & legal.any(dim=-1), random_legal, greedy)
 
 
 class DQNTargets(NamedTuple):
@@ -46,6 +95,7 @@ def double_dqn_td_error(
     discounts: torch.Tensor,
     q_online_tp1: torch.Tensor,
     q_target_tp1: torch.Tensor,
+    next_action_mask: torch.Tensor | None = None,
 ) -> DQNTargets:
     """Double-DQN n-step TD error.
 
@@ -56,6 +106,8 @@ def double_dqn_td_error(
         discounts: ``[B]`` float ``gamma ** m`` (0 where the window terminated).
         q_online_tp1: ``[B, A]`` online Q-values at ``s_{t+n}`` (used only to select the action).
         q_target_tp1: ``[B, A]`` target-network Q-values at ``s_{t+n}``.
+        next_action_mask: ``[B, A]`` bool, the legal actions at ``s_{t+n}`` (``None``: all);
+            the selection ``argmax_a`` runs over legal actions only.
     """
     if q_online_t.ndim != 2:
         raise ValueError(f"q_online_t must have shape [B, A], got {tuple(q_online_t.shape)}")
@@ -71,7 +123,7 @@ def double_dqn_td_error(
             raise ValueError(f"{name} must have shape [B]=({batch},), got {tuple(value.shape)}")
     q_selected = q_online_t.gather(1, actions.long().unsqueeze(1)).squeeze(1)
     with torch.no_grad():
-        best_next = q_online_tp1.argmax(dim=1, keepdim=True)
+        best_next = masked_argmax(q_online_tp1, next_action_mask).unsqueeze(1)
         q_next = q_target_tp1.gather(1, best_next).squeeze(1)
         target = rewards.to(q_next.dtype) + discounts.to(q_next.dtype) * q_next
     return DQNTargets(q_selected, target, (target - q_selected).detach())
@@ -88,12 +140,13 @@ def double_dqn_loss(
     weights: torch.Tensor | None = None,
     loss_type: Literal["huber", "mse"] = "huber",
     huber_delta: float = 1.0,
+    next_action_mask: torch.Tensor | None = None,
 ) -> DQNLoss:
     """Importance-weighted double-DQN loss; the weights apply on every loss path.
 
     Args:
-        q_online_t, actions, rewards, discounts, q_online_tp1, q_target_tp1: as in
-            :func:`double_dqn_td_error`.
+        q_online_t, actions, rewards, discounts, q_online_tp1, q_target_tp1,
+            next_action_mask: as in :func:`double_dqn_td_error`.
         weights: ``[B]`` importance-sampling weights (``None`` = all ones).
         loss_type: ``"huber"`` (smooth L1 with ``huber_delta``) or ``"mse"`` (``0.5 * td ** 2``).
         huber_delta: the Huber transition point, ``> 0``.
@@ -112,6 +165,7 @@ def double_dqn_loss(
         discounts=discounts,
         q_online_tp1=q_online_tp1,
         q_target_tp1=q_target_tp1,
+        next_action_mask=next_action_mask,
     )
     if loss_type == "huber":
         per_item = F.huber_loss(q.q_selected, q.target, reduction="none", delta=huber_delta)

@@ -30,6 +30,9 @@ Contract (all inputs numpy, time-major, ``T`` steps of ``B`` parallel environmen
   not need to be stitched to this one; the targets stay unbiased, only their horizon shrinks.
 * ``discounts[t] = 0`` if the window ended in a termination, else ``gamma ** m_t``;
   ``next_obs_n[t] = next_obs[t + m_t - 1]``; ``obs`` and ``actions`` are passed through.
+* ``next_action_mask`` (optional, ``[T, B, A]``: the legal actions at ``next_obs[t]``, for
+  envs with action masks) is folded like ``next_obs``: the mask of the observation the
+  transition bootstraps from.
 
 The folding is vectorised: a loop over ``k in range(n)`` (``n`` is small) of whole-``[T, B]``
 array operations, with no Python loop over time or environments.
@@ -60,6 +63,8 @@ class NStepTransitions(NamedTuple):
     """``[T, B, ...]`` observation to bootstrap from: ``next_obs[t + m - 1]``."""
     horizons: np.ndarray
     """``[T, B]`` int64 number of steps ``m`` folded into each transition (1 <= m <= n)."""
+    next_action_mask: np.ndarray | None = None
+    """``[T, B, A]`` legal actions at the bootstrap observation (``None`` without masks)."""
 
 
 def _check_leading(name: str, arr: np.ndarray, tb: tuple[int, int]) -> None:
@@ -103,6 +108,7 @@ def fold_nstep(
     truncated: np.ndarray,
     gamma: float,
     n: int,
+    next_action_mask: np.ndarray | None = None,
 ) -> NStepTransitions:
     """Fold a time-major ``[T, B]`` rollout into ``T * B`` n-step transitions.
 
@@ -111,7 +117,8 @@ def fold_nstep(
 
     Raises:
         ValueError: if an array's shape does not match ``[T, B]`` (``rewards``, ``terminated``,
-            ``truncated`` exactly; ``obs``, ``actions``, ``next_obs`` as leading dims), if
+            ``truncated`` exactly; ``obs``, ``actions``, ``next_obs`` and ``next_action_mask``
+            as leading dims), if
             ``T == 0``, if ``gamma`` is outside ``[0, 1]`` or if ``n`` is not an int >= 1.
     """
     gamma = _check_gamma(gamma)
@@ -141,6 +148,9 @@ def fold_nstep(
     _check_leading("obs", obs, tb)
     _check_leading("actions", actions, tb)
     _check_leading("next_obs", next_obs, tb)
+    if next_action_mask is not None:
+        next_action_mask = np.asarray(next_action_mask)
+        _check_leading("next_action_mask", next_action_mask, tb)
     _check_exact("terminated", terminated, tb)
     _check_exact("truncated", truncated, tb)
     terminated = terminated.astype(bool, copy=False)
@@ -169,7 +179,8 @@ def fold_nstep(
     discounts = np.where(ended_terminal, 0.0, np.power(gamma, horizons, dtype=np.float64))
     discounts = discounts.astype(out_dtype, copy=False)
     last = np.arange(T)[:, None] + horizons - 1  # [T, B] time index of the window's last step
-    next_obs_n = next_obs[last, np.arange(B)[None, :]]
+    env = np.arange(B)[None, :]
+    next_obs_n = next_obs[last, env]
 
     return NStepTransitions(
         obs=obs,
@@ -178,6 +189,7 @@ def fold_nstep(
         discounts=discounts,
         next_obs=next_obs_n,
         horizons=horizons,
+        next_action_mask=None if next_action_mask is None else next_action_mask[last, env],
     )
 
 
@@ -185,18 +197,21 @@ def flatten_time_batch(transitions: NStepTransitions) -> dict[str, np.ndarray]:
     """Flatten ``[T, B, ...]`` transitions to the replay's schema with leading dim ``T * B``.
 
     Row ``t * B + b`` holds the transition of environment ``b`` starting at step ``t``
-    (time-major, C order). Keys: ``obs``, ``action``, ``reward``, ``discount``, ``next_obs``;
-    ``horizons`` is not stored.
+    (time-major, C order). Keys: ``obs``, ``action``, ``reward``, ``discount``, ``next_obs``
+    and, with masks, ``next_action_mask``; ``horizons`` is not stored.
     """
     T, B = transitions.rewards.shape
 
     def flat(a: np.ndarray) -> np.ndarray:
         return np.reshape(a, (T * B, *a.shape[2:]))
 
-    return {
+    rows = {
         "obs": flat(transitions.obs),
         "action": flat(transitions.actions),
         "reward": flat(transitions.rewards),
         "discount": flat(transitions.discounts),
         "next_obs": flat(transitions.next_obs),
     }
+    if transitions.next_action_mask is not None:
+        rows["next_action_mask"] = flat(transitions.next_action_mask)
+    return rows

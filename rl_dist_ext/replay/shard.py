@@ -43,6 +43,9 @@ class ShardStatus(NamedTuple):
     can_insert: bool = True  # the rate limiter lets an insert through now
     can_sample: bool = False  # the rate limiter lets a sample through now
     seq: int = 0  # increases with every status of this incarnation: replies can arrive late
+    #: the rate limiter's counts: inserts (rows, or what each add's ``count`` said), samples
+    counted_inserts: int = 0
+    counted_samples: int = 0
 
 
 class ShardSample(NamedTuple):
@@ -103,16 +106,20 @@ class ReplayShardServer:
         batch: Mapping[str, np.ndarray],
         priorities: np.ndarray | None = None,
         *,
+        count: int | None = None,
         max_wait_s: float | None = None,
     ) -> ShardStatus:
         """Insert rows, waiting while the rate limiter says actors are ahead: up to
-        ``max_wait_s`` (default: the spec's timeout), then :class:`RateLimitTimeout`."""
+        ``max_wait_s`` (default: the spec's timeout), then :class:`RateLimitTimeout`.
+
+        ``count``: what the insert counts for the rate limiter (default: its rows; multi-agent
+        runs count env steps, see ``rl_dist_ext.gorila.actor``)."""
         await self._wait_until(
             lambda: self._limiter.can_insert(len(self._replay)), "insert", max_wait_s
         )
         rows = self._replay.num_inserted
         self._replay.add(batch, priorities)
-        self._limiter.inserted(self._replay.num_inserted - rows)
+        self._limiter.inserted(self._replay.num_inserted - rows if count is None else count)
         await self._notify()
         self._maybe_snapshot()
         return self.status()
@@ -152,6 +159,8 @@ class ReplayShardServer:
             can_insert=not self._rate_limited or self._limiter.can_insert(len(self._replay)),
             can_sample=not self._rate_limited or self._limiter.can_sample(len(self._replay)),
             seq=self._status_seq,
+            counted_inserts=self._limiter.inserts,
+            counted_samples=self._limiter.samples,
         )
 
     async def save(self, uri: str) -> ShardStatus:

@@ -21,6 +21,7 @@ from rl_dist_ext.replay.distributed.shards import ShardSet
 from rl_dist_ext.replay.distributed.stats import ReplayStats
 from rl_dist_ext.replay.prioritized import ReplaySample
 from rl_dist_ext.replay.shard import ShardStatus
+from rl_dist_ext.validation import check_int
 
 
 class DistributedReplay:
@@ -90,13 +91,23 @@ class DistributedReplay:
         return sum(v.status.size for v in self._shards.views if v.status is not None)
 
     # ---- the data path ------------------------------------------------------------------------
-    def add(self, batch: Mapping[str, np.ndarray], priorities: np.ndarray | None = None) -> None:
+    def add(
+        self,
+        batch: Mapping[str, np.ndarray],
+        priorities: np.ndarray | None = None,
+        *,
+        count: int | None = None,
+    ) -> None:
         """Send ``B`` rows to one shard without waiting for it (unless too many are in flight).
 
         Args:
             batch: column -> ``[B, ...]`` array (the same schema on every call).
             priorities: ``[B]`` raw priorities (e.g. actor-computed ``|TD error|``) or ``None``.
+            count: what this insert counts for the shard's rate limiter (default ``B``; a
+                multi-agent actor counts the env steps, see ``rl_dist_ext.gorila.actor``).
         """
+        if count is not None:
+            count = check_int("count", count, 0)
         if not isinstance(batch, Mapping) or not batch:
             raise TypeError(
                 f"batch must be a non-empty dict[str, np.ndarray], got {type(batch).__name__}"
@@ -107,7 +118,7 @@ class DistributedReplay:
             if priorities.shape != (rows,):
                 raise ValueError(f"priorities must have shape ({rows},), got {priorities.shape}")
         self._shards.poll()
-        self._inserter.add(dict(batch), priorities, rows)
+        self._inserter.add(dict(batch), priorities, rows, count)
 
     def sample(self, batch_size: int, *, beta: float = 0.4) -> ReplaySample:
         """A prioritized batch from one shard, with importance weights normalised over all shards.

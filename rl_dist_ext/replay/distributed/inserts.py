@@ -30,6 +30,7 @@ class PendingAdd:
     batch: dict[str, np.ndarray]
     priorities: np.ndarray | None
     rows: int
+    count: int | None  # what the add counts for the rate limiter (None: its rows)
     first_sent: float
 
 
@@ -41,11 +42,17 @@ class Inserter:
         self._adds: deque[PendingAdd] = deque()
         self.adds_rerouted = 0
 
-    def add(self, batch: dict[str, np.ndarray], priorities: np.ndarray | None, rows: int) -> None:
+    def add(
+        self,
+        batch: dict[str, np.ndarray],
+        priorities: np.ndarray | None,
+        rows: int,
+        count: int | None = None,
+    ) -> None:
         self._reap(block=False)
         while len(self._adds) >= self._shards.config.max_in_flight_adds:
             self._reap(block=True)
-        add = PendingAdd(None, -1, batch, priorities, rows, time.monotonic())
+        add = PendingAdd(None, -1, batch, priorities, rows, count, time.monotonic())
         self._route(add)
         self._adds.append(add)
 
@@ -61,7 +68,10 @@ class Inserter:
         """(Re-)send ``add`` to the next live shard whose limiter takes inserts."""
         add.shard = self._shards.pick_insert_shard()
         add.ref = self._shards.handles[add.shard].add.remote(
-            add.batch, add.priorities, max_wait_s=self._shards.config.status_refresh_s
+            add.batch,
+            add.priorities,
+            count=add.count,
+            max_wait_s=self._shards.config.status_refresh_s,
         )
 
     def _reap(self, *, block: bool) -> None:

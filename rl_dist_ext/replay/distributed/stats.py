@@ -37,6 +37,8 @@ class ReplayStats:
         now = time.monotonic()
         inserted = sum(s.num_inserted for s in alive)
         sampled = sum(s.num_sampled for s in alive)
+        counted = sum(s.counted_inserts for s in alive)
+        counted_samples = sum(s.counted_samples for s in alive)
         if (inserted, sampled) != self._last_totals or self._last_time is None:
             if self._last_time is not None and now > self._last_time:
                 dt = now - self._last_time
@@ -59,6 +61,10 @@ class ReplayStats:
             "insert_rate": insert_rate,
             "sample_rate": sample_rate,
             "samples_per_insert": sampled / inserted if inserted else 0.0,
+            # the ratio the rate limiters hold: sampled rows per counted insert (rows; env
+            # steps in multi-agent runs)
+            "counted_inserts": counted,
+            "rate_limiter_ratio": counted_samples / counted if counted else 0.0,
             "sample_wait_s": sampler.wait_s,
             "sample_wait_fraction": sampler.wait_s / sampling_for if sampling_for > 0 else 0.0,
             "stale_updates": sum(s.stale_updates for s in alive),
