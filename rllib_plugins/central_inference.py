@@ -18,7 +18,7 @@ Pieces shared by :class:`~rllib_plugins.VTrace` and :class:`~rllib_plugins.Goril
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any, Literal
 
 import numpy as np
@@ -33,6 +33,7 @@ from ray.rllib.utils.numpy import convert_to_numpy
 from rl_dist_ext.inference import InferenceServerConfig
 from rl_dist_ext.ray_actors import InferenceCaller, InferenceServerHandle, start_inference_server
 from rl_dist_ext.validation import check_int, check_real
+from rllib_plugins.action_masking import split_masked
 from rllib_plugins.config_setters import set_provided
 
 log = logging.getLogger(__name__)
@@ -72,13 +73,19 @@ class RLModuleInferencePolicy:
 
 
 class _PolicyFactory:
-    """Picklable ``device -> RLModuleInferencePolicy`` for the server actor."""
+    """Picklable ``device -> RLModuleInferencePolicy`` for the server actor (multi-agent:
+    ``module_spec`` is module id -> spec, and the server gets module id -> policy)."""
 
     def __init__(self, module_spec: Any, kind: Literal["policy", "q"]) -> None:
         self.module_spec = module_spec
         self.kind = kind
 
-    def __call__(self, device: str) -> RLModuleInferencePolicy:
+    def __call__(self, device: str) -> Any:
+        if isinstance(self.module_spec, Mapping):
+            return {
+                module: RLModuleInferencePolicy(spec, device, self.kind)
+                for module, spec in self.module_spec.items()
+            }
         return RLModuleInferencePolicy(self.module_spec, device, self.kind)
 
 
@@ -90,19 +97,22 @@ class ServerInferenceRLModule(TorchRLModule):
 
     Args:
         local: the module RLlib built for the runner.
-        server: the inference server actor.
-        caller: this runner's caller id at the server.
+        caller: this runner's :class:`~rl_dist_ext.ray_actors.InferenceCaller` (shared by the
+            modules of a multi-agent runner).
+        module: the module id the server knows this module by (multi-agent; ``""``: the
+            server's only policy).
         to_env_outputs: the server's outputs -> the module outputs the runner's connectors expect
-            (``explore`` says which forward pass asked).
+            (``explore`` says which forward pass asked; ``action_mask`` is the batch's action
+            mask, or ``None``).
     """
 
     def __init__(
         self,
         local: RLModule,
         *,
-        server: Any,
-        caller: str,
+        caller: InferenceCaller,
         to_env_outputs: Callable[..., dict[str, Any]],
+        module: str = "",
     ) -> None:
         super().__init__(
             observation_space=local.observation_space,
@@ -111,7 +121,8 @@ class ServerInferenceRLModule(TorchRLModule):
             model_config=local.model_config,
         )
         self.local = local
-        self.caller = InferenceCaller(server, caller, retry_s=REQUEST_RETRY_S)
+        self.caller = caller
+        self.module_id = module
         self._to_env_outputs = to_env_outputs
 
     def setup(self) -> None:
@@ -119,7 +130,7 @@ class ServerInferenceRLModule(TorchRLModule):
 
     def infer(self, obs: Any) -> dict[str, np.ndarray]:
         """One request to the server; waits out a server restart (up to a minute)."""
-        return self.caller.infer(convert_to_numpy(obs)).outputs
+        return self.caller.infer(convert_to_numpy(obs), self.module_id).outputs
 
     def pause(self) -> None:
         """Tell the server this caller sends nothing until its next request, so that its
@@ -127,10 +138,16 @@ class ServerInferenceRLModule(TorchRLModule):
         self.caller.idle()
 
     def _forward_exploration(self, batch: dict, **kwargs: Any) -> dict:
-        return self._to_env_outputs(self.infer(batch[Columns.OBS]), explore=True)
+        return self._ask_server(batch, explore=True)
 
     def _forward_inference(self, batch: dict, **kwargs: Any) -> dict:
-        return self._to_env_outputs(self.infer(batch[Columns.OBS]), explore=False)
+        return self._ask_server(batch, explore=False)
+
+    def _ask_server(self, batch: dict, *, explore: bool) -> dict:
+        """The server answers for the (flattened) observations; action masks, if any, stay
+        with the runner and apply to the reply there."""
+        obs, mask = split_masked(batch[Columns.OBS])
+        return self._to_env_outputs(self.infer(obs), explore=explore, action_mask=mask)
 
     def _forward(self, batch: dict, **kwargs: Any) -> dict:
         return self._forward_inference(batch, **kwargs)
@@ -170,48 +187,64 @@ class ServerInferenceRLModule(TorchRLModule):
 
 
 class CentralInferenceRunnerMixin:
-    """Mix into a ``SingleAgentEnvRunner`` subclass; :meth:`connect_inference_server` makes its
-    module a :class:`ServerInferenceRLModule` (again whenever RLlib rebuilds the module)."""
+    """Mix into an env runner class; :meth:`connect_inference_server` makes its module (a
+    multi-agent runner: each trained module) a :class:`ServerInferenceRLModule`, again whenever
+    RLlib rebuilds the module. One :class:`~rl_dist_ext.ray_actors.InferenceCaller` per runner
+    carries every request (the server batches per module)."""
 
     _inference_server: Any = None
+    inference_caller: InferenceCaller | None = None
 
     @property
-    def _inference_caller(self) -> str:
+    def _inference_caller_id(self) -> str:
         return f"env-runner-{self.worker_index}"
 
     def connect_inference_server(self, server: Any) -> int:
         """Route this runner's module forward passes to ``server``; returns its restart count."""
         self._inference_server = server
+        self.inference_caller = InferenceCaller(
+            server, self._inference_caller_id, retry_s=REQUEST_RETRY_S
+        )
         self._wrap_module()
-        return ray.get(server.register.remote(self._inference_caller))
+        return self.inference_caller.register()
 
     def make_module(self) -> None:
         super().make_module()
         if self._inference_server is not None:
             self._wrap_module()
 
+    def _server_module_ids(self) -> list[str] | None:
+        """Multi-agent runners: the modules the server acts for (``None``: single-agent)."""
+        return None
+
     def _wrap_module(self) -> None:
         if self.module is None:
             return
-        self.module = ServerInferenceRLModule(
-            self.module.unwrapped(),
-            server=self._inference_server,
-            caller=self._inference_caller,
-            to_env_outputs=self._to_env_outputs,
-        )
+        module_ids = self._server_module_ids()
+        if module_ids is None:
+            self.module = self._server_module(self.module.unwrapped(), "")
+            return
+        for module_id in module_ids:
+            local = self.module[module_id].unwrapped()
+            self.module.add_module(module_id, self._server_module(local, module_id), override=True)
 
-    @property
-    def server_module(self) -> ServerInferenceRLModule | None:
-        """The module, when it infers on the server (SEED mode); else ``None``."""
-        return self.module if isinstance(self.module, ServerInferenceRLModule) else None
+    def _server_module(self, local: RLModule, module_id: str) -> ServerInferenceRLModule:
+        return ServerInferenceRLModule(
+            local,
+            caller=self.inference_caller,
+            to_env_outputs=self._to_env_outputs,
+            module=module_id,
+        )
 
     def pause_inference(self) -> None:
         """Tell the server this runner sends nothing until its next request (end of a
         sample), so that its batches do not wait for this runner meanwhile."""
-        if self.server_module is not None:
-            self.server_module.pause()
+        if self.inference_caller is not None:
+            self.inference_caller.idle()
 
-    def _to_env_outputs(self, outputs: dict[str, np.ndarray], *, explore: bool) -> dict:
+    def _to_env_outputs(
+        self, outputs: dict[str, np.ndarray], *, explore: bool, action_mask: Any = None
+    ) -> dict:
         """The module outputs the runner's connectors expect (override per algorithm)."""
         raise NotImplementedError
 
@@ -221,10 +254,19 @@ class CentralInferenceRunnerMixin:
         ``window=1``: the latest sample's version, not RLlib's default EMA (coefficient 0.01),
         which would stay near the first versions and make the reported lag grow with training.
         """
-        module = self.server_module
-        used = module.caller.take_versions_used() if module is not None else []
+        caller = self.inference_caller
+        used = caller.take_versions_used() if caller is not None else []
         if used:
             self.metrics.log_value(WEIGHTS_VERSION_USED, float(np.mean(used)), window=1)
+
+
+def server_module_spec(config: Any, spaces: Any, modules: list[str] | None) -> Any:
+    """What the inference server builds: the module's spec, or (multi-agent, ``modules``
+    given) module id -> spec of each module it acts for (the trained ones)."""
+    if modules is None:
+        return config.get_rl_module_spec(spaces=spaces, inference_only=True)
+    multi = config.get_multi_rl_module_spec(spaces=spaces, inference_only=True)
+    return {module: multi.rl_module_specs[module] for module in modules}
 
 
 AUTO = "auto"
@@ -324,7 +366,7 @@ class InferenceServerClient(InferenceServerHandle):
     def __init__(
         self,
         *,
-        module_spec: Any,
+        module_spec: Any,  # RLModuleSpec, or (multi-agent) module id -> RLModuleSpec
         kind: Literal["policy", "q"],
         server_config: InferenceServerConfig,
         num_cpus: float,

@@ -7,10 +7,12 @@ from typing import Any
 from ray.rllib.algorithms.dqn import DQNConfig
 from ray.rllib.utils.from_config import NotProvided
 
+from rl_dist_ext.replay import snapshot
 from rl_dist_ext.replay.distributed import DistributedReplayConfig
 from rl_dist_ext.validation import check_int
 from rllib_plugins.central_inference import CentralInferenceSettingsMixin
 from rllib_plugins.config_setters import set_provided
+from rllib_plugins.multi_agent import trained_module_ids
 
 try:
     from typing import Self
@@ -50,6 +52,18 @@ class GorilaDQNConfig(CentralInferenceSettingsMixin, DQNConfig):
       inference server that returns Q-values; each runner still applies its own epsilon and
       computes initial priorities from the server's Q-values. Weights go to the server, not to
       the runners.
+
+    Multi-agent envs (PettingZoo through RLlib's ``PettingZooEnv`` / ``ParallelPettingZooEnv``)
+    take RLlib's own ``.multi_agent(policies=..., policy_mapping_fn=..., policies_to_train=...)``:
+    one shared module (parameter sharing) or one per agent group, each trained module with its
+    own sharded replay (``num_shards`` each) and priorities, n-step folding per agent, the Ape-X
+    epsilon per runner on every trained module. The rate limiters count env steps
+    (``multi_agent(count_steps_by="env_steps")``, RLlib's default): ``samples_per_insert`` is
+    then each module's sampled rows per env step; ``"agent_steps"`` (one trained module only)
+    counts that module's rows. PettingZoo action masks (``{"observation", "action_mask"}``
+    observations) are honoured when acting, in the initial priorities and in the double-DQN
+    target: the default module is
+    :class:`~rllib_plugins.action_masking.ActionMaskingDQNTorchRLModule`.
 
     Example::
 
@@ -175,12 +189,33 @@ class GorilaDQNConfig(CentralInferenceSettingsMixin, DQNConfig):
         set_provided(self, values, names)
         return self
 
+    def get_default_rl_module_spec(self):
+        """RLlib's DQN module, reading PettingZoo action masks where the observations have them
+        (:class:`~rllib_plugins.action_masking.ActionMaskingDQNTorchRLModule`)."""
+        from ray.rllib.core.rl_module.rl_module import RLModuleSpec
+
+        from rllib_plugins.action_masking import ActionMaskingDQNTorchRLModule
+
+        if self.framework_str != "torch":
+            raise ValueError(
+                f"GorilaDQN supports framework='torch' only, got {self.framework_str!r}"
+            )
+        return RLModuleSpec(
+            module_class=ActionMaskingDQNTorchRLModule, model_config=self.model_config
+        )
+
+    def trained_module_ids(self) -> list[str]:
+        """The modules that learn (and get a replay each); see
+        :func:`rllib_plugins.multi_agent.trained_module_ids`."""
+        return trained_module_ids(self)
+
     def validate(self) -> None:
+        self._match_env_runner_to_env()
         super().validate()
         if self.in_evaluation:  # evaluation runners only act greedily; nothing Gorila to check
             return
         if self.is_multi_agent:
-            self._value_error("GorilaDQN supports single-agent envs only")
+            self._validate_multi_agent()
         for name in (
             "target_update_every_n_updates",
             "weight_sync_every_n_steps",
@@ -222,10 +257,55 @@ class GorilaDQNConfig(CentralInferenceSettingsMixin, DQNConfig):
         self.replay_config()  # raises ValueError naming a bad replay field
         self.validate_central_inference()
 
+    def _match_env_runner_to_env(self) -> None:
+        """Gorila's single-agent runner for single-agent envs, the multi-agent one otherwise
+        (a user's own runner class is left alone)."""
+        from rllib_plugins.gorila_env_runner import GorilaEnvRunner, GorilaMultiAgentEnvRunner
+
+        if self.env_runner_cls in (GorilaEnvRunner, GorilaMultiAgentEnvRunner):
+            self.env_runner_cls = (
+                GorilaMultiAgentEnvRunner if self.is_multi_agent else GorilaEnvRunner
+            )
+
+    def _validate_multi_agent(self) -> None:
+        trained = self.trained_module_ids()
+        if not trained:
+            raise ValueError(
+                f"multi_agent(policies_to_train={self.policies_to_train!r}) leaves no module of "
+                f"{sorted(self.policies)} to train"
+            )
+        if self.count_steps_by not in ("env_steps", "agent_steps"):
+            raise ValueError(
+                f"multi_agent(count_steps_by={self.count_steps_by!r}) must be 'env_steps' or "
+                "'agent_steps'"
+            )
+        if self.count_steps_by == "agent_steps" and len(trained) > 1:
+            raise ValueError(
+                f"multi_agent(count_steps_by='agent_steps') with {len(trained)} trained modules "
+                f"{trained}: each module's rate limiter would count its own agent steps, and a "
+                "learner that samples every module in each update can then be held by one "
+                "module's limiter while the runners are held by another's. Use "
+                "count_steps_by='env_steps' (the default), which credits every module's replay "
+                "with each env step"
+            )
+
     def replay_config(
-        self, *, placement_group: Any = None, bundle_indices: tuple[int, ...] | None = None
+        self,
+        *,
+        placement_group: Any = None,
+        bundle_indices: tuple[int, ...] | None = None,
+        module: str | None = None,
     ) -> DistributedReplayConfig:
-        """The :class:`DistributedReplayConfig` these settings describe."""
+        """The :class:`DistributedReplayConfig` these settings describe; with ``module`` (a
+        multi-agent run), that module's: snapshots under ``snapshot_dir/<module>``, its own
+        seeds."""
+        snapshot_dir, seed = self.replay_snapshot_dir, self.seed
+        if module is not None and self.is_multi_agent:
+            index = self.trained_module_ids().index(module)
+            if snapshot_dir is not None:
+                snapshot_dir = snapshot.join(snapshot_dir, module)
+            if seed is not None:
+                seed += 1000 * index
         return DistributedReplayConfig(
             num_shards=self.replay_num_shards,
             capacity=self.replay_capacity,
@@ -239,9 +319,9 @@ class GorilaDQNConfig(CentralInferenceSettingsMixin, DQNConfig):
             num_cpus_per_shard=self.replay_num_cpus_per_shard,
             placement_group=placement_group,
             bundle_indices=bundle_indices,
-            snapshot_dir=self.replay_snapshot_dir,
+            snapshot_dir=snapshot_dir,
             snapshot_every_inserts=self.replay_snapshot_every_inserts,
-            seed=self.seed,
+            seed=seed,
         )
 
     @property
@@ -257,3 +337,8 @@ class GorilaDQNConfig(CentralInferenceSettingsMixin, DQNConfig):
                 f"GorilaDQN supports framework='torch' only, got {self.framework_str!r}"
             )
         return GorilaDQNTorchLearner
+
+    @property
+    def num_trained_modules(self) -> int:
+        """Replays the run starts (one per trained module; 1 for a single-agent env)."""
+        return len(self.trained_module_ids()) if self.is_multi_agent else 1

@@ -5,6 +5,10 @@ distributed replay with prefetch -> gradient step -> priorities back -> target e
 updates -> publish every P); this class only translates: replay rows to an RLlib batch, the loss
 to the shared importance-weighted double-DQN loss (``rl_dist_ext.ops.dqn.double_dqn_loss``), and
 RLlib's ``after_gradient_based_update`` hook to the core's clock.
+
+Multi-agent: one replay per trained module; every update samples a batch from each and takes
+one step over all of them (RLlib's learner sums the modules' losses), and each module's TD
+errors go back to its own replay (``GorilaLearner.update_modules``).
 """
 
 from __future__ import annotations
@@ -29,26 +33,29 @@ from ray.rllib.policy.sample_batch import MultiAgentBatch, SampleBatch
 from ray.rllib.utils.metrics import ALL_MODULES, NUM_TARGET_UPDATES
 from ray.rllib.utils.numpy import convert_to_numpy
 
-from rl_dist_ext.gorila import GorilaLearner, GorilaLearnerCounters
+from rl_dist_ext.gorila import NEXT_ACTION_MASK, GorilaLearner, GorilaLearnerCounters
 from rl_dist_ext.ops.dqn import double_dqn_loss
 from rl_dist_ext.replay.prioritized import ReplaySample
+from rllib_plugins.multi_agent import OptimizeTrainedModulesOnly, trained_module_ids
 
 DISCOUNTS = "discounts"
 WEIGHTS = "weights"
 
 
 def replay_rows_to_batch(rows: dict[str, np.ndarray], weights: np.ndarray) -> SampleBatch:
-    """A replay sample (``rl_dist_ext.gorila.TRANSITION_COLUMNS``) as RLlib columns."""
-    return SampleBatch(
-        {
-            Columns.OBS: rows["obs"],
-            Columns.ACTIONS: rows["action"],
-            Columns.REWARDS: rows["reward"],
-            DISCOUNTS: rows["discount"],
-            Columns.NEXT_OBS: rows["next_obs"],
-            WEIGHTS: weights,
-        }
-    )
+    """A replay sample (``rl_dist_ext.gorila.TRANSITION_COLUMNS``, and the legal actions at the
+    bootstrap observation where the env masks actions) as RLlib columns."""
+    columns = {
+        Columns.OBS: rows["obs"],
+        Columns.ACTIONS: rows["action"],
+        Columns.REWARDS: rows["reward"],
+        DISCOUNTS: rows["discount"],
+        Columns.NEXT_OBS: rows["next_obs"],
+        WEIGHTS: weights,
+    }
+    if NEXT_ACTION_MASK in rows:
+        columns[NEXT_ACTION_MASK] = rows[NEXT_ACTION_MASK]
+    return SampleBatch(columns)
 
 
 class WeightsSinks:
@@ -65,7 +72,7 @@ class WeightsSinks:
         return self._parameter_server.publish(weights, version)
 
 
-class GorilaDQNTorchLearner(GorilaLearnerCounters, DQNTorchLearner):
+class GorilaDQNTorchLearner(GorilaLearnerCounters, OptimizeTrainedModulesOnly, DQNTorchLearner):
     """Double DQN with importance weights, fed from the distributed replay."""
 
     def build(self) -> None:
@@ -78,37 +85,53 @@ class GorilaDQNTorchLearner(GorilaLearnerCounters, DQNTorchLearner):
             target_update_every=config.target_update_every_n_updates,
             publish_every=config.publish_every_n_updates,
             sync_target=self._sync_target_networks,
-            export_weights=self._inference_weights,
+            export_weights=self.actor_weights,
         )
         self._last_td_error: dict[str, torch.Tensor] = {}
 
     # ---- wiring -------------------------------------------------------------------------------
-    def connect(self, replay, parameter_server, inference_server=None) -> int:
-        """Hand over the replay client, the weights server and (SEED mode) the inference
-        server; publish the current weights."""
+    def connect(self, replays: dict[str, Any], parameter_server, inference_server=None) -> int:
+        """Hand over the replay clients (trained module id -> replay), the weights server and
+        (SEED mode) the inference server; publish the current weights."""
         return self.gorila.connect(
-            replay=replay, weights=WeightsSinks(parameter_server, inference_server)
+            replays=replays, weights=WeightsSinks(parameter_server, inference_server)
         )
 
     def publish_weights(self, *, new_version: bool = False) -> int:
         return self.gorila.publish(new_version=new_version)
 
-    def _inference_weights(self) -> dict[str, Any]:
-        return convert_to_numpy(self.module[DEFAULT_MODULE_ID].get_state(inference_only=True))
+    @property
+    def trained_modules(self) -> list[str]:
+        if self.config.is_multi_agent:
+            return trained_module_ids(self.config)
+        return [DEFAULT_MODULE_ID]
+
+    def actor_weights(self) -> dict[str, Any]:
+        """The inference weights runners load: the module's state (multi-agent: trained module
+        id -> its state, which a ``MultiRLModule.set_state`` takes)."""
+        if not self.config.is_multi_agent:
+            return convert_to_numpy(self.module[DEFAULT_MODULE_ID].get_state(inference_only=True))
+        return {
+            module: convert_to_numpy(self.module[module].get_state(inference_only=True))
+            for module in self.trained_modules
+        }
 
     # ---- the training loop body ---------------------------------------------------------------
     def train_from_replay(self, num_updates: int, timesteps: dict[str, Any]) -> dict:
         """Run ``num_updates`` core learner updates; return RLlib's reduced metrics."""
 
-        def gradient_step(sample: ReplaySample) -> torch.Tensor:
+        def gradient_step(samples: dict[str, ReplaySample]) -> dict[str, torch.Tensor]:
             batch = MultiAgentBatch(
-                {DEFAULT_MODULE_ID: replay_rows_to_batch(sample.batch, sample.weights)},
-                env_steps=len(sample.keys),
+                {
+                    module: replay_rows_to_batch(sample.batch, sample.weights)
+                    for module, sample in samples.items()
+                },
+                env_steps=max(len(sample.keys) for sample in samples.values()),
             )
             self.update(batch=batch, timesteps=timesteps, _no_metrics_reduce=True)
-            return self._last_td_error[DEFAULT_MODULE_ID]
+            return {module: self._last_td_error[module] for module in samples}
 
-        stats = self.gorila.update(
+        stats = self.gorila.update_modules(
             num_updates, beta=self.config.effective_beta, gradient_step=gradient_step
         )
         metrics = {
@@ -133,6 +156,7 @@ class GorilaDQNTorchLearner(GorilaLearnerCounters, DQNTorchLearner):
             q_target_tp1=fwd_out[QF_TARGET_NEXT_PREDS],
             weights=batch[WEIGHTS],
             loss_type=config.td_error_loss_fn,
+            next_action_mask=batch.get(NEXT_ACTION_MASK),
         )
         self._last_td_error[module_id] = out.td_error
         self.metrics.log_dict(
@@ -153,7 +177,8 @@ class GorilaDQNTorchLearner(GorilaLearnerCounters, DQNTorchLearner):
         self.gorila.after_gradient_step()
 
     def _sync_target_networks(self) -> None:
-        for module_id, module in self.module.items():
+        for module_id in self.trained_modules:
+            module = self.module[module_id]
             for main_net, target_net in module.unwrapped().get_target_network_pairs():
                 update_target_network(main_net=main_net, target_net=target_net, tau=1.0)
             self.metrics.log_value((module_id, NUM_TARGET_UPDATES), 1, reduce="lifetime_sum")

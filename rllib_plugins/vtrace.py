@@ -32,6 +32,7 @@ import torch
 from ray.rllib.algorithms.impala import IMPALA, IMPALAConfig
 from ray.rllib.core import DEFAULT_MODULE_ID
 from ray.rllib.core.columns import Columns
+from ray.rllib.env.multi_agent_env_runner import MultiAgentEnvRunner
 from ray.rllib.env.single_agent_env_runner import SingleAgentEnvRunner
 from ray.rllib.utils.from_config import NotProvided
 from ray.rllib.utils.metrics import (
@@ -50,7 +51,9 @@ from rllib_plugins.central_inference import (
     CentralInferenceRunnerMixin,
     CentralInferenceSettingsMixin,
     InferenceServerClient,
+    server_module_spec,
 )
+from rllib_plugins.multi_agent import trained_module_ids
 from rllib_plugins.resources import check_cluster_fits
 
 log = logging.getLogger(__name__)
@@ -58,10 +61,15 @@ log = logging.getLogger(__name__)
 METRICS_KEY = "central_inference"
 
 
-class VTraceEnvRunner(CentralInferenceRunnerMixin, SingleAgentEnvRunner):
-    """RLlib's env runner; in SEED mode its actions and log-probs come from the server."""
+class _VTraceServerActing(CentralInferenceRunnerMixin):
+    """SEED mode for V-trace runners: actions, log-probs and logits come from the server."""
 
-    def _to_env_outputs(self, outputs, *, explore: bool) -> dict:
+    def _to_env_outputs(self, outputs, *, explore: bool, action_mask=None) -> dict:
+        if action_mask is not None:
+            raise ValueError(
+                "VTrace's central inference samples actions on the server, which never sees "
+                "action masks: use central_inference(enabled=False) with masked observations"
+            )
         if not explore:
             return {Columns.ACTIONS: torch.as_tensor(outputs["greedy_actions"])}
         return {
@@ -75,6 +83,18 @@ class VTraceEnvRunner(CentralInferenceRunnerMixin, SingleAgentEnvRunner):
         self.pause_inference()
         self.log_versions_used()
         return episodes
+
+
+class VTraceEnvRunner(_VTraceServerActing, SingleAgentEnvRunner):
+    """RLlib's env runner; in SEED mode its actions and log-probs come from the server."""
+
+
+class VTraceMultiAgentEnvRunner(_VTraceServerActing, MultiAgentEnvRunner):
+    """RLlib's multi-agent env runner; in SEED mode every trained module acts on the server
+    (the untrained ones, e.g. a fixed opponent, act here)."""
+
+    def _server_module_ids(self) -> list[str]:
+        return trained_module_ids(self.config)
 
 
 class VTraceConfig(CentralInferenceSettingsMixin, IMPALAConfig):
@@ -118,7 +138,17 @@ class VTraceConfig(CentralInferenceSettingsMixin, IMPALAConfig):
         return self
 
     def validate(self) -> None:
+        # The V-trace runner fitting the env (a user's own runner class is left alone).
+        if self.env_runner_cls in (VTraceEnvRunner, VTraceMultiAgentEnvRunner):
+            self.env_runner_cls = (
+                VTraceMultiAgentEnvRunner if self.is_multi_agent else VTraceEnvRunner
+            )
         super().validate()
+        if self.is_multi_agent and not trained_module_ids(self):
+            raise ValueError(
+                f"multi_agent(policies_to_train={self.policies_to_train!r}) leaves no module of "
+                f"{sorted(self.policies)} to train"
+            )
         check_real("vtrace_lambda", self.vtrace_lambda, low=0.0, high=1.0)
         for name in ("vtrace_clip_rho_threshold", "vtrace_clip_pg_rho_threshold"):
             if getattr(self, name) is not None:  # None: no clipping
@@ -150,15 +180,17 @@ class VTrace(IMPALA):
         if config.uses_central_inference():
             _check_discrete_actions(config)
         check_cluster_fits(VTrace, config)
-        super().setup(config)
-        if not config.uses_central_inference():
-            return
         try:
+            super().setup(config)  # a failure here must not leave the env runners running
+            if not config.uses_central_inference():
+                return
             placement_group = ray.util.get_current_placement_group()
             bundle = -1 if placement_group is None else len(placement_group.bundle_specs) - 1
             self._inference = InferenceServerClient(
-                module_spec=self.config.get_rl_module_spec(
-                    spaces=self.env_runner_group.get_spaces(), inference_only=True
+                module_spec=server_module_spec(
+                    self.config,
+                    self.env_runner_group.get_spaces(),
+                    trained_module_ids(config) if config.is_multi_agent else None,
                 ),
                 kind="policy",
                 server_config=config.inference_server_config(),

@@ -27,9 +27,10 @@ from ray.rllib.utils.numpy import convert_to_numpy
 
 from rl_dist_ext.ops.vtrace_loss import vtrace_actor_critic_loss
 from rl_dist_ext.params import VersionedWeights, WeightsVersion
+from rllib_plugins.multi_agent import OptimizeTrainedModulesOnly, trained_module_ids
 
 
-class VTraceTorchLearner(IMPALATorchLearner):
+class VTraceTorchLearner(OptimizeTrainedModulesOnly, IMPALATorchLearner):
     """IMPALA's learner whose loss calls the shared V-trace core.
 
     Its weights carry a version that counts gradient updates (``rl_dist_ext.params``), the
@@ -45,14 +46,21 @@ class VTraceTorchLearner(IMPALATorchLearner):
         self.weights_clock.advance()
 
     def versioned_weights(self) -> VersionedWeights:
-        """The module's inference weights (numpy) and their version.
+        """The module's inference weights (numpy; multi-agent: trained module id -> weights)
+        and their version.
 
         The version is read first: IMPALA's learner thread may update meanwhile, and weights
         newer than their label are harmless where a label newer than its weights is not.
         """
         version = self.weights_clock.version
-        state = self.module[DEFAULT_MODULE_ID].get_state(inference_only=True)
-        return VersionedWeights(convert_to_numpy(state), version)
+        if not self.config.is_multi_agent:
+            state = self.module[DEFAULT_MODULE_ID].get_state(inference_only=True)
+            return VersionedWeights(convert_to_numpy(state), version)
+        states = {  # multi-agent: the server holds every trained module
+            module: convert_to_numpy(self.module[module].get_state(inference_only=True))
+            for module in trained_module_ids(self.config)
+        }
+        return VersionedWeights(states, version)
 
     def get_state(self, *args: Any, **kwargs: Any):
         state = super().get_state(*args, **kwargs)

@@ -151,20 +151,20 @@ def test_checkpoint_restores_weights_and_replay(algo, tmp_path):
     saved_sizes = manifest["size_per_shard"]
     # The runners go on inserting while the shards are saved: the checkpoint holds each shard
     # as it was when saved, never more than it holds afterwards.
-    sizes_now = algo._replay.stats(wait=True)["size_per_shard"]
+    sizes_now = algo.replay().stats(wait=True)["size_per_shard"]
     assert all(0 < saved <= now for saved, now in zip(saved_sizes, sizes_now, strict=True))
     saved_weights = {k: v.clone() for k, v in algo.get_module().state_dict().items()}
 
     restored = small_config().build_algo()
     try:
         restored.restore_from_path(path)
-        stats = restored._replay.stats(wait=True)
+        stats = restored.replay().stats(wait=True)
         assert stats["size_per_shard"] == saved_sizes
         for key, value in restored.get_module().state_dict().items():
             torch.testing.assert_close(value, saved_weights[key])
         # Learning continues from there.
         restored.train()
-        assert restored._replay.stats(wait=True)["num_inserted"] > sum(
+        assert restored.replay().stats(wait=True)["num_inserted"] > sum(
             manifest["num_inserted_per_shard"]
         )
     finally:
@@ -174,7 +174,7 @@ def test_checkpoint_restores_weights_and_replay(algo, tmp_path):
 
     rebuilt = GorilaDQN.from_checkpoint(path)
     try:
-        assert rebuilt._replay.stats(wait=True)["size_per_shard"] == saved_sizes
+        assert rebuilt.replay().stats(wait=True)["size_per_shard"] == saved_sizes
     finally:
         rebuilt.stop()
 
@@ -266,7 +266,7 @@ def test_stop_does_not_wait_on_runners_blocked_by_the_rate_limiter(ray_session):
             assert time.monotonic() < deadline, inserted
             result = algorithm.train()
             time.sleep(1.0)
-            inserted.append(algorithm._replay.stats(wait=True)["num_inserted"])
+            inserted.append(algorithm.replay().stats(wait=True)["num_inserted"])
         assert result["gorila"]["replay_samples_per_insert"] < 1000.0  # the learner is behind
     finally:
         started = time.monotonic()
@@ -282,7 +282,7 @@ def test_killed_env_runner_restarts_and_training_continues(ray_session):
         algorithm.train()
         victim = algorithm.env_runner_group._worker_manager._actors[1]
         ray.kill(victim, no_restart=False)
-        steps_before = algorithm._replay.stats(wait=True)["num_inserted"]
+        steps_before = algorithm.replay().stats(wait=True)["num_inserted"]
         deadline = time.monotonic() + 120
         healthy = 0
         while time.monotonic() < deadline:
@@ -290,7 +290,7 @@ def test_killed_env_runner_restarts_and_training_continues(ray_session):
             healthy = result["gorila"]["num_healthy_env_runners"]
             if (
                 healthy == 2
-                and algorithm._replay.stats(wait=True)["num_inserted"] > steps_before + 2000
+                and algorithm.replay().stats(wait=True)["num_inserted"] > steps_before + 2000
             ):
                 break
         assert healthy == 2
@@ -480,7 +480,7 @@ def test_learner_in_its_own_actor(ray_session):
         assert result["learners"]["__all_modules__"]["num_gradient_updates"] > 0
         # Every runner acts with weights the learner actor published after the first ones.
         assert 0 <= result["gorila"]["policy_lag_max"] < versions[-1] - 1
-        sampled = [status.num_sampled for status in algorithm._replay.refresh()]
+        sampled = [status.num_sampled for status in algorithm.replay().refresh()]
         assert all(n > 0 for n in sampled), sampled
     finally:
         algorithm.stop()
@@ -494,13 +494,13 @@ def test_killed_replay_shard_is_survived_and_reported(ray_session, tmp_path):
     )
     try:
         algorithm.train()
-        ray.kill(algorithm._replay.handles[0], no_restart=False)
-        inserted_before = algorithm._replay.stats(wait=True)["num_inserted"]
+        ray.kill(algorithm.replay().handles[0], no_restart=False)
+        inserted_before = algorithm.replay().stats(wait=True)["num_inserted"]
         failures = 0
         for _ in range(6):
             result = algorithm.train()
             failures = max(failures, result["gorila"]["replay_shard_failures"])
-        stats = algorithm._replay.stats(wait=True)
+        stats = algorithm.replay().stats(wait=True)
         assert stats["shards_alive"] == 2
         assert stats["num_inserted"] > inserted_before  # acting and learning went on
         # The learner's client saw the failure (a failed call or a restarted incarnation).

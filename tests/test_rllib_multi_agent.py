@@ -1,0 +1,348 @@
+"""GorilaDQN on RLlib with PettingZoo multi-agent envs: config and space errors before any actor
+starts, masked actions never chosen by the real runner, one replay per trained module (metrics,
+checkpoints), and the per-module learner step.
+
+The learning tests are in test_rllib_multi_agent_training.py.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+pytestmark = pytest.mark.ray
+
+ray = pytest.importorskip("ray")
+pytest.importorskip("pettingzoo")
+
+TTT = "rl_dist_ext_tictactoe"
+SPREAD = "rl_dist_ext_simple_spread"
+SEATS = ("player_1", "player_2")
+
+
+@pytest.fixture(scope="module")
+def envs(cluster):
+    from mpe2 import simple_spread_v3
+    from pettingzoo.classic import tictactoe_v3
+    from ray.tune.registry import register_env
+
+    from rllib_plugins.pettingzoo import PettingZooCreator
+
+    register_env(TTT, PettingZooCreator(tictactoe_v3.env))
+    register_env(
+        SPREAD,
+        PettingZooCreator(
+            simple_spread_v3.parallel_env,
+            parallel=True,
+            N=2,
+            max_cycles=25,
+            continuous_actions=False,
+        ),
+    )
+    return cluster
+
+
+def tictactoe_config(**training):
+    """A learner module against a random legal opponent, seats alternating per episode."""
+    from ray.rllib.core.rl_module.multi_rl_module import MultiRLModuleSpec
+    from ray.rllib.core.rl_module.rl_module import RLModuleSpec
+
+    from rllib_plugins import GorilaDQNConfig
+    from rllib_plugins.action_masking import RandomLegalActionRLModule
+    from rllib_plugins.pettingzoo import AlternatingSeats
+
+    settings = {"updates_per_iteration": 16, "env_steps_per_request": 64, "n_step": 1}
+    settings.update(training)
+    return (
+        GorilaDQNConfig()
+        .environment(TTT)
+        .multi_agent(
+            policies={"learner", "random"},
+            policy_mapping_fn=AlternatingSeats(SEATS, learner="learner", opponent="random"),
+            policies_to_train=["learner"],
+        )
+        .rl_module(
+            rl_module_spec=MultiRLModuleSpec(
+                rl_module_specs={
+                    "learner": RLModuleSpec(),
+                    "random": RLModuleSpec(module_class=RandomLegalActionRLModule),
+                }
+            )
+        )
+        .env_runners(num_env_runners=2, num_cpus_per_env_runner=0.2)
+        .learners(num_learners=0)
+        .resources(num_cpus_for_main_process=0.5)
+        .training(**settings)
+        .replay(num_shards=2, capacity=10_000, min_size_to_sample=200, num_cpus_per_shard=0.1)
+        .reporting(min_sample_timesteps_per_iteration=200)
+        .debugging(seed=0)
+    )
+
+
+def spread_config(**training):
+    """MPE simple_spread (2 agents, simultaneous moves), one shared module."""
+    from rllib_plugins import GorilaDQNConfig
+    from rllib_plugins.pettingzoo import ShareOneModule
+
+    settings = {"updates_per_iteration": 16, "env_steps_per_request": 50}
+    settings.update(training)
+    return (
+        GorilaDQNConfig()
+        .environment(SPREAD)
+        .multi_agent(policies={"shared"}, policy_mapping_fn=ShareOneModule("shared"))
+        .env_runners(num_env_runners=2, num_cpus_per_env_runner=0.2)
+        .learners(num_learners=0)
+        .resources(num_cpus_for_main_process=0.5)
+        .training(**settings)
+        .replay(num_shards=2, capacity=10_000, min_size_to_sample=200, num_cpus_per_shard=0.1)
+        .reporting(min_sample_timesteps_per_iteration=200)
+        .debugging(seed=0)
+    )
+
+
+def alive():
+    from conftest import alive_actor_ids
+
+    return alive_actor_ids()
+
+
+# ---- errors before anything starts --------------------------------------------------------------
+def bad_mapping(config):
+    from rllib_plugins.pettingzoo import ShareOneModule
+
+    return config.multi_agent(policy_mapping_fn=ShareOneModule("nobody"))
+
+
+@pytest.mark.parametrize(
+    ("change", "match"),
+    [
+        (bad_mapping, r"maps agent 'player_1' to 'nobody', which is not among the policies"),
+        (
+            lambda c: c.multi_agent(policies_to_train=[]),
+            r"leaves no module of \['learner', 'random'\] to train",
+        ),
+        (
+            lambda c: c.multi_agent(
+                policies_to_train=["learner", "random"], count_steps_by="agent_steps"
+            ),
+            r"count_steps_by='agent_steps'\) with 2 trained modules",
+        ),
+    ],
+)
+def test_bad_multi_agent_configs_raise_before_any_actor_starts(envs, change, match):
+    before = alive()
+    with pytest.raises(ValueError, match=match):
+        change(tictactoe_config()).build_algo()
+    assert alive() - before == set()
+
+
+def test_agents_with_different_spaces_under_one_module_raise_before_any_actor_starts(envs):
+    from mpe2 import simple_speaker_listener_v4
+    from ray.tune.registry import register_env
+
+    from rllib_plugins.pettingzoo import PettingZooCreator
+
+    register_env(
+        "rl_dist_ext_speaker_listener",
+        PettingZooCreator(
+            simple_speaker_listener_v4.parallel_env, parallel=True, continuous_actions=False
+        ),
+    )
+    before = alive()
+    config = spread_config().environment("rl_dist_ext_speaker_listener")
+    with pytest.raises(ValueError, match=r"share module 'shared' but have different spaces"):
+        config.build_algo()
+    assert alive() - before == set()
+
+
+def test_continuous_actions_raise_before_any_actor_starts(envs):
+    from mpe2 import simple_spread_v3
+    from ray.tune.registry import register_env
+
+    from rllib_plugins.pettingzoo import PettingZooCreator
+
+    register_env(
+        "rl_dist_ext_spread_continuous",
+        PettingZooCreator(simple_spread_v3.parallel_env, parallel=True, continuous_actions=True),
+    )
+    before = alive()
+    config = spread_config().environment("rl_dist_ext_spread_continuous")
+    with pytest.raises(ValueError, match=r"Discrete action space; agent 'agent_0'"):
+        config.build_algo()
+    assert alive() - before == set()
+
+
+# ---- acting -------------------------------------------------------------------------------------
+def test_the_runner_never_chooses_a_masked_action(envs):
+    """The real runner, in this process, acting for both seats (learner: epsilon-greedy with
+    the runner's epsilon, 0.4; opponent: random legal) over many steps; every action taken is
+    legal in the observation it was taken at, and each pushed row carries the legal actions
+    of its bootstrap observation."""
+    from rllib_plugins.gorila_env_runner import (
+        GorilaMultiAgentEnvRunner,
+        multi_agent_episodes_to_rollouts,
+    )
+
+    config = tictactoe_config()
+    config.validate()
+    runner = GorilaMultiAgentEnvRunner(config=config, worker_index=1, num_workers=2)
+    try:
+        assert runner.epsilon == pytest.approx(0.4)
+        taken = {"learner": 0, "random": 0}
+        for _ in range(10):
+            episodes = runner.sample(num_timesteps=300, explore=True)
+            for episode in episodes:
+                for agent_id, agent_episode in episode.agent_episodes.items():
+                    if len(agent_episode) == 0:
+                        continue
+                    masks = agent_episode.get_observations()["action_mask"][:-1]
+                    actions = np.asarray(agent_episode.get_actions())
+                    assert masks[np.arange(len(actions)), actions].all(), agent_id
+                    taken[episode.module_for(agent_id)] += len(actions)
+            rollouts = multi_agent_episodes_to_rollouts(episodes, {"learner"})
+            assert set(rollouts) == {"learner"}
+            assert rollouts["learner"]["next_action_mask"].shape[-1] == 9
+        assert min(taken.values()) > 1_000
+        # greedy actions of an untrained network: its Q-values favour some illegal moves
+        greedy = runner.sample(num_timesteps=300, explore=False)
+        for episode in greedy:
+            for agent_episode in episode.agent_episodes.values():
+                if len(agent_episode):
+                    masks = agent_episode.get_observations()["action_mask"][:-1]
+                    actions = np.asarray(agent_episode.get_actions())
+                    assert masks[np.arange(len(actions)), actions].all()
+    finally:
+        runner.stop()
+
+
+# ---- one replay per trained module --------------------------------------------------------------
+@pytest.fixture(scope="module")
+def ttt_algo(envs):
+    algorithm = tictactoe_config().build_algo()
+    yield algorithm
+    algorithm.stop()
+
+
+def test_each_trained_module_has_its_replay_and_metrics(ttt_algo):
+    assert set(ttt_algo.replays) == {"learner"}
+    for _ in range(3):
+        result = ttt_algo.train()
+    gorila = result["gorila"]
+    assert (
+        gorila["replay_size/learner"] > 0 and gorila["replay_size"] == gorila["replay_size/learner"]
+    )
+    assert gorila["learner_weights_version"] > 0
+    # RLlib's per-agent and per-module returns reach the results
+    runners = result["env_runners"]
+    assert set(runners["agent_episode_returns_mean"]) == set(SEATS)
+    assert set(runners["module_episode_returns_mean"]) == {"learner", "random"}
+
+
+def test_checkpoint_restores_each_module_replay(ttt_algo, tmp_path):
+    ttt_algo.train()
+    path = ttt_algo.save_to_path(tmp_path / "ckpt")
+    assert (tmp_path / "ckpt" / "replay" / "learner" / "manifest.json").exists()
+    saved = ttt_algo.replay("learner").stats(wait=True)["size"]
+    ttt_algo.replay("learner").clear()
+    ttt_algo.restore_from_path(path)
+    restored = ttt_algo.replay("learner").stats(wait=True)["size"]
+    assert restored >= saved  # the runners keep inserting after the restore
+
+
+def test_shared_module_trains_on_a_parallel_env_with_env_step_credit(envs):
+    algorithm = spread_config().build_algo()
+    try:
+        for _ in range(3):
+            result = algorithm.train()
+        gorila = result["gorila"]
+        assert set(algorithm.replays) == {"shared"}
+        assert gorila["learner_weights_version"] > 0
+        stats = algorithm.replay("shared").stats(wait=True)
+        # two agents move in every env step: two rows per env step, while the rate limiter
+        # is credited one count per env step
+        assert stats["num_inserted"] == 2 * stats["counted_inserts"]
+        assert gorila["replay_rate_limiter_ratio/shared"] > 0
+    finally:
+        algorithm.stop()
+
+
+def test_seed_mode_serves_every_trained_module_and_masks_apply_on_the_runner(envs):
+    """Central inference in a multi-agent run: the server holds the trained module (the
+    random opponent acts on the runner), the runners still pick only legal moves with their own
+    epsilon, and the learner's weights reach the server."""
+    from rllib_plugins.central_inference import ServerInferenceRLModule
+
+    algorithm = tictactoe_config().central_inference(enabled=True, num_cpus=0.1).build_algo()
+    try:
+        for _ in range(3):
+            result = algorithm.train()
+        stats = result["central_inference"]
+        assert stats["num_requests"] > 0 and stats["version"] > 0
+
+        def acting_check(runner):
+            kinds = {m: type(runner.module[m]).__name__ for m in ("learner", "random")}
+            legal = True
+            for episode in runner.sample(num_timesteps=200, explore=True):
+                for agent_episode in episode.agent_episodes.values():
+                    if len(agent_episode):
+                        masks = agent_episode.get_observations()["action_mask"][:-1]
+                        actions = np.asarray(agent_episode.get_actions())
+                        legal &= bool(masks[np.arange(len(actions)), actions].all())
+            runner.pause_inference()
+            return kinds, legal
+
+        for kinds, legal in algorithm.env_runner_group.foreach_env_runner(
+            acting_check, local_env_runner=False
+        ):
+            assert kinds == {
+                "learner": ServerInferenceRLModule.__name__,
+                "random": "RandomLegalActionRLModule",
+            }
+            assert legal
+    finally:
+        algorithm.stop()
+
+
+# ---- VTrace -------------------------------------------------------------------------------------
+def vtrace_spread_config(env=SPREAD):
+    from rllib_plugins import VTraceConfig
+    from rllib_plugins.pettingzoo import ShareOneModule
+
+    return (
+        VTraceConfig()
+        .environment(env)
+        .multi_agent(policies={"shared"}, policy_mapping_fn=ShareOneModule("shared"))
+        .env_runners(num_env_runners=2, num_envs_per_env_runner=2, rollout_fragment_length=25)
+        .learners(num_learners=0)
+        .training(train_batch_size_per_learner=200)
+        .debugging(seed=0)
+    )
+
+
+@pytest.mark.parametrize("central", [False, True], ids=["impala", "seed"])
+def test_vtrace_trains_a_shared_module_on_parallel_and_aec_envs(envs, central):
+    from mpe2 import simple_spread_v3
+    from ray.tune.registry import register_env
+
+    from rllib_plugins.pettingzoo import PettingZooCreator
+
+    register_env(
+        "rl_dist_ext_spread_aec",
+        PettingZooCreator(simple_spread_v3.env, N=2, max_cycles=25, continuous_actions=False),
+    )
+    for env in (SPREAD, "rl_dist_ext_spread_aec"):
+        config = vtrace_spread_config(env).central_inference(enabled=central, num_cpus=0.1)
+        algorithm = config.build_algo()
+        try:
+            trained = 0
+            for _ in range(20):
+                result = algorithm.train()
+                learner = result.get("learners", {}).get("shared", {})
+                trained = learner.get("num_module_steps_trained_lifetime", trained)
+                if trained > 0:
+                    break
+            assert trained > 0, env
+            if central:
+                assert result["central_inference"]["num_requests"] > 0
+        finally:
+            algorithm.stop()
