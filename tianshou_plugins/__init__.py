@@ -7,6 +7,9 @@ replay behind Tianshou's buffer API); Tianshou's ``OffPolicyTrainer`` drives the
 returning fixed-length trajectories with their behaviour log-probs); Tianshou's
 ``OnPolicyTrainer`` drives them. Both collectors run in SEED mode with
 ``central_inference=CentralInference(...)``: one inference server acts for every actor.
+PettingZoo multi-agent envs: ``MultiAgentGorilaDQN`` (Tianshou's ``MultiAgentOffPolicyAlgorithm``
+with ``GorilaDQN`` learners) and ``MultiAgentDistributedReplayBuffer`` (one replay per learning
+module) with the same ``GorilaCollector``.
 """
 
 from tianshou_plugins.actor_collector import ActorCollectStats
@@ -14,6 +17,11 @@ from tianshou_plugins.buffer import DistributedPrioritizedReplayBuffer
 from tianshou_plugins.central_inference import CentralInference
 from tianshou_plugins.collector import GorilaCollector, GorilaCollectStats
 from tianshou_plugins.gorila_dqn import GorilaDQN, GorilaTrainingStats
+from tianshou_plugins.multi_agent import (
+    MultiAgentDistributedReplayBuffer,
+    MultiAgentGorilaDQN,
+    PettingZooFactory,
+)
 from tianshou_plugins.vtrace import VTrace, VTraceTrainingStats, categorical_from_logits
 from tianshou_plugins.vtrace_collector import VTraceCollector, VTraceCollectStats
 
@@ -25,6 +33,9 @@ __all__ = [
     "GorilaCollector",
     "GorilaDQN",
     "GorilaTrainingStats",
+    "MultiAgentDistributedReplayBuffer",
+    "MultiAgentGorilaDQN",
+    "PettingZooFactory",
     "VTrace",
     "VTraceCollectStats",
     "VTraceCollector",

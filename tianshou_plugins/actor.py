@@ -14,6 +14,7 @@ log-probs, return the trajectory).
 from __future__ import annotations
 
 import copy
+import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -26,7 +27,8 @@ from tianshou.algorithm.modelfree.reinforce import ProbabilisticActorPolicy
 from tianshou.data import Collector, VectorReplayBuffer
 from tianshou.env import DummyVectorEnv
 
-from rl_dist_ext.gorila import ActorStep, Rollout
+from rl_dist_ext.gorila import ActorStep, ModuleRollouts, Rollout
+from rl_dist_ext.gorila.turns import TurnAssembler, transitions_to_rollout
 from rl_dist_ext.impala import TrajectoryActorStep
 from rl_dist_ext.ray_actors import InferenceCaller
 from tianshou_plugins.central_inference import Kind, ServerPolicy
@@ -111,11 +113,7 @@ class EnvActor:
         as ``[T, M]`` arrays (env ``j`` in column ``j``), and in SEED mode what the server
         replied for each step (``"version"``, and ``"logp"`` for ``kind="policy"``; else
         empty). The server is then told this actor is idle until its next request."""
-        self._buffer.reset()
-        with policy_within_training_step(self.policy):
-            self._collector.collect(n_step=self._num_envs * self._steps_per_env)
-        steps = np.arange(self._steps_per_env)
-        per_env = [buf[steps] for buf in self._buffer.buffers]
+        per_env = self._collect_per_env()
 
         def stack(name: str, dtype: Any = None) -> np.ndarray:
             return np.stack([np.asarray(b[name], dtype=dtype) for b in per_env], axis=1)
@@ -135,6 +133,14 @@ class EnvActor:
         if "logp" in per_env[0].policy.get_keys():
             recorded["logp"] = np.stack([b.policy.logp for b in per_env], axis=1)
         return columns, recorded
+
+    def _collect_per_env(self) -> list[Any]:
+        """Step every env ``steps_per_env`` times; each env's steps as a Tianshou batch."""
+        self._buffer.reset()
+        with policy_within_training_step(self.policy):
+            self._collector.collect(n_step=self._num_envs * self._steps_per_env)
+        steps = np.arange(self._steps_per_env)
+        return [buf[steps] for buf in self._buffer.buffers]
 
     def episode_stats(self, columns: dict[str, np.ndarray]) -> dict[str, Any]:
         """The episodes that ended in this rollout, with their whole return and length."""
@@ -251,6 +257,142 @@ class GorilaActor(EnvActor):
         if isinstance(self.policy, ServerPolicy):  # SEED mode: the server holds the weights
             return self.policy.q_values(obs)
         return q_values(self.policy.model, obs)
+
+
+class MultiAgentGorilaActor(EnvActor):
+    """A Gorila actor over PettingZoo envs (``tianshou.env.PettingZooEnv``): Tianshou's
+    collector runs the multi-agent policy (every learning agent's policy with this actor's
+    epsilon, masks honoured), each env's turns become each agent's own transitions
+    (:class:`rl_dist_ext.gorila.turns.TurnAssembler`, pending ones carried to the next
+    rollout), and each learning module's transitions are folded, prioritised and pushed to its
+    replay (:meth:`rl_dist_ext.gorila.ActorStep.push_modules`; the rate limiters count env
+    steps). See :class:`GorilaActor` for the shared arguments.
+
+    Args:
+        replays: module -> its replay client.
+        module_of_agent: learning agent -> its module (agents not in it push nothing).
+        agents: every agent id, in the env's reward order.
+    """
+
+    def __init__(
+        self,
+        *,
+        policy: Policy,
+        env_factory: Callable[[], Any],
+        num_envs: int,
+        epsilon: float,
+        gamma: float,
+        n_step: int,
+        replays: dict[str, Any],
+        module_of_agent: dict[str, str],
+        agents: list[str],
+        weights_server: Any,
+        weight_sync_every_n_steps: int,
+        steps_per_env: int,
+        actor_index: int,
+        seed: int | None = None,
+    ) -> None:
+        super().__init__(
+            policy=policy,
+            env_factory=env_factory,
+            num_envs=num_envs,
+            steps_per_env=steps_per_env,
+            actor_index=actor_index,
+            seed=seed,
+        )
+        self.epsilon = float(epsilon)
+        self._module_of_agent = dict(module_of_agent)
+        self._agents = list(agents)
+        for agent in self._module_of_agent:
+            self.policy.policies[agent].set_eps_training(self.epsilon)
+        self._turns = [TurnAssembler(self._agents) for _ in range(num_envs)]
+        self._agent_returns = np.zeros((num_envs, len(self._agents)))
+        self._episode_len = np.zeros(num_envs, dtype=int)
+        self._step = ActorStep(
+            replays=replays,
+            gamma=gamma,
+            n_step=n_step,
+            weights=weights_server,
+            pull_every_n_steps=weight_sync_every_n_steps,
+            name=f"actor {actor_index}",
+        )
+        self._step.pull_weights(self.policy.load_state_dict)
+
+    @property
+    def weights_version(self) -> int:
+        return self._step.weights_version
+
+    def reset_envs(self) -> tuple[np.ndarray, np.ndarray]:
+        for turns in self._turns:
+            turns.reset()
+        self._agent_returns[:] = 0.0
+        return super().reset_envs()
+
+    def collect_and_push(self) -> dict[str, Any]:
+        """One core actor step of ``num_envs * steps_per_env`` env steps (agent turns)."""
+        stats: dict[str, Any] = {}
+
+        def act() -> ModuleRollouts:
+            per_env = self._collect_per_env()
+            transitions: dict[str, list] = {}
+            returns, lens = [], []
+            for env, steps in enumerate(per_env):
+                for t in range(len(steps)):
+                    step = steps[t]
+                    rewards = np.asarray(step.rew, dtype=np.float64).reshape(-1)
+                    self._agent_returns[env] += rewards
+                    self._episode_len[env] += 1
+                    done = bool(step.terminated) or bool(step.truncated)
+                    for transition in self._turns[env].step(
+                        agent=step.obs.agent_id,
+                        obs=step.obs.obs,
+                        action=int(step.act),
+                        rewards=rewards,
+                        terminated=bool(step.terminated),
+                        truncated=bool(step.truncated) and not bool(step.terminated),
+                        next_agent=step.obs_next.agent_id,
+                        next_obs=step.obs_next.obs,
+                        next_action_mask=step.obs_next.mask,
+                    ):
+                        module = self._module_of_agent.get(transition.agent)
+                        if module is not None:
+                            transitions.setdefault(module, []).append(transition)
+                    if done:
+                        returns.append(self._agent_returns[env].copy())
+                        lens.append(self._episode_len[env])
+                        self._agent_returns[env] = 0.0
+                        self._episode_len[env] = 0
+            stats.update(
+                episodes=len(lens),
+                returns=np.asarray(returns, dtype=float).reshape(len(lens), len(self._agents)),
+                lens=np.asarray(lens, dtype=int),
+            )
+            return ModuleRollouts(
+                {m: Rollout(transitions_to_rollout(ts)) for m, ts in transitions.items()},
+                env_steps=self._num_envs * self._steps_per_env,
+            )
+
+        result = self._step.run_modules(
+            act=act,
+            q_values={
+                module: functools.partial(q_values, self._module_policy(module).model)
+                for module in set(self._module_of_agent.values())
+            },
+            load_weights=self.policy.load_state_dict,
+        )
+        return {
+            "actor_index": self.actor_index,
+            **stats,
+            "env_steps": result.env_steps,
+            "agent_steps": result.agent_steps,
+            "weights_version": result.weights_version,
+            "epsilon": self.epsilon,
+            "dropped_at_truncation": sum(turns.dropped for turns in self._turns),
+        }
+
+    def _module_policy(self, module: str) -> Policy:
+        agent = next(a for a, m in self._module_of_agent.items() if m == module)
+        return self.policy.policies[agent]
 
 
 def acting_version_of(recorded: dict[str, np.ndarray]) -> float | None:

@@ -18,6 +18,7 @@ import numpy as np
 import torch
 from tianshou.data import Batch
 
+from rl_dist_ext.gorila import NEXT_ACTION_MASK
 from rl_dist_ext.replay.distributed import DistributedReplay, DistributedReplayConfig
 from rl_dist_ext.validation import check_real
 
@@ -149,7 +150,8 @@ class DistributedPrioritizedReplayBuffer:
 
         The batch has ``obs``, ``act``, ``rew`` (the n-step discounted reward sum),
         ``discount`` (``gamma ** m``, 0 where the episode terminated inside the window),
-        ``obs_next`` (the observation ``m`` steps later) and ``weight`` (importance weights).
+        ``obs_next`` (the observation ``m`` steps later), ``weight`` (importance weights) and,
+        where the env masks actions, ``mask_next`` (the legal actions at ``obs_next``).
         """
         if batch_size is None or batch_size < 1:
             raise ValueError(
@@ -166,6 +168,8 @@ class DistributedPrioritizedReplayBuffer:
             obs_next=rows["next_obs"],
             weight=sample.weights,
         )
+        if NEXT_ACTION_MASK in rows:  # multi-agent envs with action masks
+            batch.mask_next = rows[NEXT_ACTION_MASK]
         return batch, sample.keys
 
     def update_weight(self, index: np.ndarray, new_weight: np.ndarray | torch.Tensor) -> None:

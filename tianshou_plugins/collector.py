@@ -26,7 +26,7 @@ from tianshou.algorithm.modelfree.dqn import DiscreteQLearningPolicy
 
 from rl_dist_ext.exploration import apex_epsilons
 from rl_dist_ext.validation import check_int, check_real
-from tianshou_plugins.actor import GorilaActor, cpu_state_dict
+from tianshou_plugins.actor import GorilaActor, MultiAgentGorilaActor, cpu_state_dict
 from tianshou_plugins.actor_collector import (
     ActorCollectStats,
     ActorFleet,
@@ -37,6 +37,11 @@ from tianshou_plugins.actor_collector import (
 from tianshou_plugins.buffer import DistributedPrioritizedReplayBuffer
 from tianshou_plugins.central_inference import CentralInference
 from tianshou_plugins.gorila_dqn import GorilaDQN
+from tianshou_plugins.multi_agent import (
+    MultiAgentDistributedReplayBuffer,
+    MultiAgentGorilaDQN,
+    check_multi_agent_env_factory,
+)
 
 
 @dataclass(kw_only=True)
@@ -44,6 +49,9 @@ class GorilaCollectStats(ActorCollectStats):
     """:class:`~tianshou_plugins.actor_collector.ActorCollectStats` plus the replay's."""
 
     replay: dict[str, float] = field(default_factory=dict)
+    #: multi-agent: each agent's mean episode return (Tianshou's ``returns`` then hold one
+    #: column per agent, in the env's agent order)
+    agent_returns: dict[str, float] = field(default_factory=dict)
 
 
 _REPLAY_STATS = (
@@ -90,10 +98,10 @@ class GorilaCollector(RayActorCollector[GorilaCollectStats]):
 
     def __init__(
         self,
-        policy: GorilaDQN | DiscreteQLearningPolicy,
+        policy: GorilaDQN | MultiAgentGorilaDQN | DiscreteQLearningPolicy,
         *,
         env_factory: Callable[[], gym.Env],
-        buffer: DistributedPrioritizedReplayBuffer,
+        buffer: DistributedPrioritizedReplayBuffer | MultiAgentDistributedReplayBuffer,
         num_actors: int = 4,
         envs_per_actor: int = 4,
         weight_sync_every_n_steps: int = 400,
@@ -109,9 +117,18 @@ class GorilaCollector(RayActorCollector[GorilaCollectStats]):
         central_inference: CentralInference | None = None,
     ) -> None:
         self._algorithm, policy, gamma, n_step = _resolve_policy(policy, gamma, n_step)
-        if not isinstance(buffer, DistributedPrioritizedReplayBuffer):  # before Ray starts
+        multi_agent = isinstance(self._algorithm, MultiAgentGorilaDQN)
+        wanted_buffer = (
+            MultiAgentDistributedReplayBuffer if multi_agent else DistributedPrioritizedReplayBuffer
+        )
+        if not isinstance(buffer, wanted_buffer):  # before Ray starts
             raise TypeError(
-                f"buffer must be a DistributedPrioritizedReplayBuffer, got {type(buffer).__name__}"
+                f"buffer must be a {wanted_buffer.__name__}, got {type(buffer).__name__}"
+            )
+        if multi_agent and central_inference is not None:
+            raise ValueError(
+                "central_inference is not supported with MultiAgentGorilaDQN; use "
+                "central_inference=None (each actor holds the agents' policies)"
             )
         fleet = ActorFleet(
             num_actors=num_actors,
@@ -124,9 +141,12 @@ class GorilaCollector(RayActorCollector[GorilaCollectStats]):
             timeout_s=timeout_s,
         )
         self._epsilons = apex_epsilons(num_actors, epsilon_base, epsilon_alpha)
-        check_env_factory(
-            env_factory, owner="GorilaCollector", check_env=lambda env: _check_env(env, policy)
-        )
+        if multi_agent:
+            check_multi_agent_env_factory(env_factory, self._algorithm)
+        else:
+            check_env_factory(
+                env_factory, owner="GorilaCollector", check_env=lambda env: _check_env(env, policy)
+            )
 
         import ray
 
@@ -144,8 +164,10 @@ class GorilaCollector(RayActorCollector[GorilaCollectStats]):
         if not ray.is_initialized():
             ray.init()
         wanted = num_actors * num_cpus_per_actor + self.server_cpus()
+        num_replays = len(self._algorithm.learning_modules) if multi_agent else 1
         if not buffer.started:
-            wanted += buffer.config.num_shards * buffer.config.num_cpus_per_shard
+            shard_cpus = buffer.config.num_shards * buffer.config.num_cpus_per_shard
+            wanted += num_replays * shard_cpus
         check_cpus(
             "GorilaCollector's actors (num_actors x num_cpus_per_actor), replay shards and "
             "inference server",
@@ -153,9 +175,18 @@ class GorilaCollector(RayActorCollector[GorilaCollectStats]):
         )
         started_buffer = not buffer.started
         try:
-            replay = buffer.start()
+            if multi_agent:
+                actor_cls = MultiAgentGorilaActor
+                algorithm = self._algorithm
+                replay = {
+                    "replays": buffer.start(list(algorithm.learning_modules)),
+                    "module_of_agent": algorithm.module_of_agent,
+                    "agents": algorithm.agents,
+                }
+            else:
+                actor_cls, replay = GorilaActor, {"replay": buffer.start()}
             self._start(
-                GorilaActor,
+                actor_cls,
                 lambda i: {
                     "policy": policy,
                     "env_factory": env_factory,
@@ -163,7 +194,7 @@ class GorilaCollector(RayActorCollector[GorilaCollectStats]):
                     "epsilon": float(self._epsilons[i]),
                     "gamma": gamma,
                     "n_step": n_step,
-                    "replay": replay,
+                    **replay,
                     "weights_server": self.env.weights_server,
                     "weight_sync_every_n_steps": weight_sync_every_n_steps,
                     "steps_per_env": steps_per_env,
@@ -180,10 +211,12 @@ class GorilaCollector(RayActorCollector[GorilaCollectStats]):
 
     def _validate_buffer(self) -> None:
         """BaseCollector's check, for this collector's kind of buffer: the distributed one."""
-        if not isinstance(self.buffer, DistributedPrioritizedReplayBuffer):
+        if not isinstance(
+            self.buffer, DistributedPrioritizedReplayBuffer | MultiAgentDistributedReplayBuffer
+        ):
             raise TypeError(
-                "buffer must be a DistributedPrioritizedReplayBuffer, got "
-                f"{type(self.buffer).__name__}"
+                "buffer must be a DistributedPrioritizedReplayBuffer (or, multi-agent, a "
+                f"MultiAgentDistributedReplayBuffer), got {type(self.buffer).__name__}"
             )
 
     @property
@@ -230,24 +263,46 @@ class GorilaCollector(RayActorCollector[GorilaCollectStats]):
 
     def _replay_holds_min_size(self) -> bool:
         need = self.buffer.config.rate_limit().min_size_to_sample
-        statuses = self.buffer.client.refresh()
-        return all(s is not None and s.size >= need for s in statuses)
+        return all(
+            s is not None and s.size >= need
+            for replay in self._replays().values()
+            for s in replay.client.refresh()
+        )
+
+    def _replays(self) -> dict[str, DistributedPrioritizedReplayBuffer]:
+        """Module -> its replay buffer (single-agent: one, under ``""``)."""
+        if isinstance(self.buffer, MultiAgentDistributedReplayBuffer):
+            return {m: self.buffer.buffer(m) for m in self.buffer.modules}
+        return {"": self.buffer}
 
     def _summarise(self, results: list[dict[str, Any]]) -> GorilaCollectStats:
         common = self._common_stats(results, self._published_version)
         common["actors"].update(
             {f"epsilon/actor_{i}": float(e) for i, e in enumerate(self._epsilons)}
         )
-        return GorilaCollectStats(
-            **common,
-            replay={k: v for k, v in self.buffer.stats().items() if k in _REPLAY_STATS},
-        )
+        replay: dict[str, float] = {}
+        for module, buffer in self._replays().items():
+            stats = buffer.stats()
+            for key in _REPLAY_STATS:
+                if key in stats:
+                    replay[f"{key}/{module}" if module else key] = stats[key]
+        agent_returns = {}
+        if isinstance(self._algorithm, MultiAgentGorilaDQN):
+            returns = common["returns"].reshape(-1, len(self._algorithm.agents))
+            agent_returns = {
+                agent: float(returns[:, i].mean()) if len(returns) else float("nan")
+                for i, agent in enumerate(self._algorithm.agents)
+            }
+            common["actors"]["dropped_at_truncation"] = float(
+                sum(r.get("dropped_at_truncation", 0) for r in results)
+            )
+        return GorilaCollectStats(**common, replay=replay, agent_returns=agent_returns)
 
 
 def _resolve_policy(
     policy: Any, gamma: float | None, n_step: int | None
-) -> tuple[GorilaDQN | None, DiscreteQLearningPolicy, float, int]:
-    if isinstance(policy, GorilaDQN):
+) -> tuple[GorilaDQN | MultiAgentGorilaDQN | None, Any, float, int]:
+    if isinstance(policy, GorilaDQN | MultiAgentGorilaDQN):
         for name, given, own in (
             ("gamma", gamma, policy.gamma),
             ("n_step", n_step, policy.n_step),
@@ -265,7 +320,8 @@ def _resolve_policy(
         check_int("n_step", n_step, 1)
         return None, policy, float(gamma), n_step
     raise TypeError(
-        f"policy must be a GorilaDQN or a DiscreteQLearningPolicy, got {type(policy).__name__}"
+        "policy must be a GorilaDQN, a MultiAgentGorilaDQN or a DiscreteQLearningPolicy, got "
+        f"{type(policy).__name__}"
     )
 
 

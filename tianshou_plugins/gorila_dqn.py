@@ -162,6 +162,7 @@ class GorilaDQN(GorilaLearnerCounters, DQN[DiscreteQLearningPolicy]):
             weights=tensor(batch.weight) if "weight" in batch else None,
             loss_type="mse" if self.huber_loss_delta is None else "huber",
             huber_delta=1.0 if self.huber_loss_delta is None else float(self.huber_loss_delta),
+            next_action_mask=tensor(batch.mask_next, torch.bool) if "mask_next" in batch else None,
         )
 
     # ---- counters travel with state_dict() ----------------------------------------------------
