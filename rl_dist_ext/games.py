@@ -13,7 +13,7 @@ its games as the first mover and 29 % as the second (44 % over both seats).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -38,11 +38,13 @@ def play_against_random(
     *,
     games: int,
     seed: int = 0,
+    seats: Sequence[str] | None = None,
 ) -> GameResults:
     """``act``'s results over ``games`` games against random legal moves (see the module doc).
 
     A game is won when the player's total reward is positive, lost when negative, drawn at 0
-    (PettingZoo's classic games pay +1 / -1 / 0).
+    (PettingZoo's classic games pay +1 / -1 / 0). ``seats``: the seats the player takes in
+    turn (default: every seat of the env), e.g. ``["player_2"]`` for a player trained in one.
     """
     rng = np.random.default_rng(seed)
     env = env_fn()
@@ -50,8 +52,8 @@ def play_against_random(
     try:
         for game in range(games):
             env.reset(seed=seed + game)
-            seats = list(env.possible_agents)
-            player = seats[game % len(seats)]
+            turns = list(seats or env.possible_agents)
+            player = turns[game % len(turns)]
             total = 0.0
             for agent in env.agent_iter():
                 observation, reward, terminated, truncated, _ = env.last()
@@ -70,3 +72,28 @@ def play_against_random(
     finally:
         env.close()
     return GameResults(wins / games, draws / games, losses / games, games)
+
+
+def team_return(
+    env_fn: Callable[[], Any],
+    act: Callable[[Any, Any], int],
+    *,
+    episodes: int,
+    seed: int = 0,
+) -> float:
+    """Mean over ``episodes`` of the summed return of every agent of a PettingZoo Parallel env
+    whose agents all act with ``act(agent, observation)`` (a cooperative team)."""
+    env = env_fn()
+    totals = []
+    try:
+        for episode in range(episodes):
+            observations, _ = env.reset(seed=seed + episode)
+            total = 0.0
+            while env.agents:
+                actions = {agent: int(act(agent, observations[agent])) for agent in env.agents}
+                observations, rewards, _, _, _ = env.step(actions)
+                total += float(sum(rewards.values()))
+            totals.append(total)
+    finally:
+        env.close()
+    return float(np.mean(totals))

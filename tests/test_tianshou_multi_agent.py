@@ -58,7 +58,7 @@ def tictactoe_algorithm(learner_seat: int = 1, seed: int = 0) -> MultiAgentGoril
     return MultiAgentGorilaDQN(algorithms=algorithms, env=env)
 
 
-def make_buffer(**overrides) -> MultiAgentDistributedReplayBuffer:
+def make_buffer(capacity: int = 4_000, **overrides) -> MultiAgentDistributedReplayBuffer:
     settings = {
         "num_shards": 2,
         "min_size_to_sample": 64,
@@ -67,7 +67,7 @@ def make_buffer(**overrides) -> MultiAgentDistributedReplayBuffer:
         "seed": 0,
     }
     settings.update(overrides)
-    return MultiAgentDistributedReplayBuffer(4_000, **settings)
+    return MultiAgentDistributedReplayBuffer(capacity, **settings)
 
 
 def make_collector(algorithm, buffer, env_factory=TICTACTOE, **overrides) -> GorilaCollector:

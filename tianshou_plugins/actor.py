@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import copy
 import functools
+import logging
 from collections.abc import Callable
 from typing import Any
 
@@ -300,6 +301,9 @@ class MultiAgentGorilaActor(EnvActor):
             actor_index=actor_index,
             seed=seed,
         )
+        # Tianshou's collector summarises each rollout's per-agent returns (unused here) with
+        # a warning per call about their 2-d shape.
+        logging.getLogger("tianshou.data.stats").setLevel(logging.ERROR)
         self.epsilon = float(epsilon)
         self._module_of_agent = dict(module_of_agent)
         self._agents = list(agents)

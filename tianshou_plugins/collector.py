@@ -23,6 +23,7 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 from tianshou.algorithm.modelfree.dqn import DiscreteQLearningPolicy
+from tianshou.data.stats import SequenceSummaryStats
 
 from rl_dist_ext.exploration import apex_epsilons
 from rl_dist_ext.validation import check_int, check_real
@@ -49,9 +50,19 @@ class GorilaCollectStats(ActorCollectStats):
     """:class:`~tianshou_plugins.actor_collector.ActorCollectStats` plus the replay's."""
 
     replay: dict[str, float] = field(default_factory=dict)
-    #: multi-agent: each agent's mean episode return (Tianshou's ``returns`` then hold one
-    #: column per agent, in the env's agent order)
+    #: multi-agent: each agent's mean episode return. ``returns`` then holds one column per
+    #: agent (in the env's agent order), as Tianshou's own collectors give them, for the
+    #: trainer's ``multi_agent_return_reduction``; ``returns_stat`` summarises the learning
+    #: agents' summed return (a team's return, or the one learner's).
     agent_returns: dict[str, float] = field(default_factory=dict)
+    learner_columns: list[int] = field(default_factory=list)
+
+    def refresh_return_stats(self) -> None:
+        if self.returns.ndim == 2 and self.returns.size > 0:
+            team = self.returns[:, self.learner_columns].sum(axis=1)
+            self.returns_stat = SequenceSummaryStats.from_sequence(team)
+        else:
+            super().refresh_return_stats()
 
 
 _REPLAY_STATS = (
@@ -288,11 +299,15 @@ class GorilaCollector(RayActorCollector[GorilaCollectStats]):
                     replay[f"{key}/{module}" if module else key] = stats[key]
         agent_returns = {}
         if isinstance(self._algorithm, MultiAgentGorilaDQN):
-            returns = common["returns"].reshape(-1, len(self._algorithm.agents))
+            agents = self._algorithm.agents
+            returns = common["returns"].reshape(-1, len(agents))
             agent_returns = {
                 agent: float(returns[:, i].mean()) if len(returns) else float("nan")
-                for i, agent in enumerate(self._algorithm.agents)
+                for i, agent in enumerate(agents)
             }
+            common["returns"] = returns
+            learning = self._algorithm.module_of_agent
+            common["learner_columns"] = [i for i, a in enumerate(agents) if a in learning]
             common["actors"]["dropped_at_truncation"] = float(
                 sum(r.get("dropped_at_truncation", 0) for r in results)
             )
