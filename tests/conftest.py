@@ -49,3 +49,31 @@ def cluster(ray_session):
     yield ray_session
     leaked = wait_until_not_alive(alive_actor_ids() - before)
     assert not leaked, f"actors left alive by this module: {leaked}"
+
+
+#: Names the RLlib multi-agent tests register their PettingZoo envs under.
+TTT = "rl_dist_ext_tictactoe"
+SPREAD = "rl_dist_ext_simple_spread"
+
+
+@pytest.fixture(scope="module")
+def envs(cluster):
+    """The PettingZoo envs the RLlib multi-agent tests run, registered with Tune."""
+    from mpe2 import simple_spread_v3
+    from pettingzoo.classic import tictactoe_v3
+    from ray.tune.registry import register_env
+
+    from rllib_plugins.pettingzoo import PettingZooCreator
+
+    register_env(TTT, PettingZooCreator(tictactoe_v3.env))
+    register_env(
+        SPREAD,
+        PettingZooCreator(
+            simple_spread_v3.parallel_env,
+            parallel=True,
+            N=2,
+            max_cycles=25,
+            continuous_actions=False,
+        ),
+    )
+    return cluster

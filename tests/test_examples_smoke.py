@@ -382,3 +382,40 @@ def test_central_inference_bench_writes_json_and_table(tmp_path):
     }
     table = (tmp_path / "central_inference_bench.md").read_text()
     assert "| CartPole-v1 | 2 | 2 | central |" in table
+
+
+def test_rllib_multi_agent_example_trains_and_writes_checkpoint_and_curve(tmp_path):
+    out = run_script(
+        "examples/rllib_multi_agent_tictactoe.py",
+        "--env-steps",
+        "2000",
+        "--eval-every",
+        "1000",
+        "--out",
+        str(tmp_path),
+    )
+    assert "final win rate against a random player" in out
+    assert "win rate against random after" in out and "policy lag" in out  # progress lines
+    assert (tmp_path / "checkpoint" / "replay" / "learner" / "manifest.json").exists()
+    assert (tmp_path / "learning_curve.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_tianshou_multi_agent_example_trains_and_writes_checkpoint_and_curve(tmp_path):
+    out = run_script(
+        "examples/tianshou_multi_agent_tictactoe.py",
+        "--env-steps",
+        "2000",
+        "--epoch-steps",
+        "1000",
+        "--out",
+        str(tmp_path),
+    )
+    assert "final win rate against a random player" in out
+    assert (tmp_path / "checkpoint" / "replay" / "player_2" / "manifest.json").exists()
+    assert list((tmp_path / "tb").glob("events.out.tfevents.*"))
+    assert (tmp_path / "learning_curve.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+    import torch
+
+    state = torch.load(tmp_path / "checkpoint" / "algorithm.pt", weights_only=False)
+    assert state["_extra_state"]["num_gradient_updates"] > 0

@@ -15,31 +15,9 @@ pytestmark = pytest.mark.ray
 ray = pytest.importorskip("ray")
 pytest.importorskip("pettingzoo")
 
-TTT = "rl_dist_ext_tictactoe"
-SPREAD = "rl_dist_ext_simple_spread"
+from conftest import SPREAD, TTT  # noqa: E402
+
 SEATS = ("player_1", "player_2")
-
-
-@pytest.fixture(scope="module")
-def envs(cluster):
-    from mpe2 import simple_spread_v3
-    from pettingzoo.classic import tictactoe_v3
-    from ray.tune.registry import register_env
-
-    from rllib_plugins.pettingzoo import PettingZooCreator
-
-    register_env(TTT, PettingZooCreator(tictactoe_v3.env))
-    register_env(
-        SPREAD,
-        PettingZooCreator(
-            simple_spread_v3.parallel_env,
-            parallel=True,
-            N=2,
-            max_cycles=25,
-            continuous_actions=False,
-        ),
-    )
-    return cluster
 
 
 def tictactoe_config(**training):

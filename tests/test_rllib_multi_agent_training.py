@@ -16,12 +16,7 @@ spread -38 after ~6k env steps (GorilaDQN) and -33 after ~130k (VTrace); untrain
 from __future__ import annotations
 
 import pytest
-from test_rllib_multi_agent import (  # noqa: F401 (envs: the fixture)
-    envs,
-    spread_config,
-    tictactoe_config,
-    vtrace_spread_config,
-)
+from test_rllib_multi_agent import spread_config, tictactoe_config, vtrace_spread_config
 
 from rl_dist_ext.games import play_against_random, team_return
 from rllib_plugins.pettingzoo import greedy_act
