@@ -5,8 +5,8 @@ RLlib's own multi-agent setup: ``PettingZooEnv`` (through a picklable creator), 
 (``learner``, trained, with its own sharded prioritized replay; ``random``, which plays
 uniformly random legal moves), seats alternating per episode, action masks honoured when acting,
 in the initial priorities and in the double-DQN target. The script prints progress every
-iteration (env steps/s, replay size and ratio, policy lag, each module's mean game return), measures the
-greedy learner's win rate against the random player (200 games, both seats) every
+iteration (env steps/s, replay size and ratio, policy lag, each module's mean game return),
+measures the greedy learner's win rate against the random player (200 games, both seats) every
 ``--eval-every`` env steps, stops at ``--env-steps`` or at ``--target-win-rate``, then prints the
 final win rate and writes a checkpoint (with the replay) and a learning curve PNG under
 ``--out``. ``--central-inference`` runs the learner module on one inference server (SEED).
