@@ -109,7 +109,10 @@ class RandomLegalActionRLModule(TorchRLModule):
             )
 
     def setup(self) -> None:
-        """No networks."""
+        """No networks; one frozen placeholder parameter, because RLlib's torch learners build
+        an optimizer for every torch module and torch refuses an empty parameter list (so this
+        opponent also works with RLlib's own algorithms, e.g. DQN)."""
+        self._placeholder = torch.nn.Parameter(torch.zeros(1), requires_grad=False)
 
     def _forward(self, batch: dict, **kwargs: Any) -> dict:
         obs, mask = split_masked(batch[Columns.OBS])

@@ -419,3 +419,26 @@ def test_tianshou_multi_agent_example_trains_and_writes_checkpoint_and_curve(tmp
 
     state = torch.load(tmp_path / "checkpoint" / "algorithm.pt", weights_only=False)
     assert state["_extra_state"]["num_gradient_updates"] > 0
+
+
+def test_multi_agent_tictactoe_bench_writes_json_and_table(tmp_path):
+    run_script(
+        "benchmarks/multi_agent_tictactoe.py",
+        "--seeds",
+        "0",
+        "--algos",
+        "gorila-rllib",
+        "dqn-tianshou",
+        "--max-seconds",
+        "3",
+        "--eval-every-s",
+        "1",
+        "--out",
+        str(tmp_path),
+        timeout=280,
+    )
+    result = json.loads((tmp_path / "multi_agent_tictactoe.json").read_text())
+    assert set(result["runs"]) == {"gorila-rllib", "dqn-tianshou"}
+    for runs in result["runs"].values():
+        assert runs[0]["env_steps"] > 0 and runs[0]["checks"]
+    assert "GorilaDQN / DQN" in (tmp_path / "multi_agent_tictactoe.md").read_text()

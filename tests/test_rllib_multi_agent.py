@@ -324,3 +324,45 @@ def test_vtrace_trains_a_shared_module_on_parallel_and_aec_envs(envs, central):
                 assert result["central_inference"]["num_requests"] > 0
         finally:
             algorithm.stop()
+
+
+def test_masking_module_masks_online_and_target_q_values_of_masked_observations():
+    """What RLlib's own DQN learner gets from the module on whole masked observations (the
+    online selection and the target values at illegal actions are the lowest float), and what
+    GorilaDQN's learner gets on flattened observations (unmasked; its loss masks)."""
+    import torch
+    from ray.rllib.algorithms.dqn.dqn_learner import QF_NEXT_PREDS, QF_PREDS, QF_TARGET_NEXT_PREDS
+
+    from rllib_plugins.action_masking import ActionMaskingDQNTorchRLModule
+
+    from pettingzoo.classic import tictactoe_v3
+
+    from rllib_plugins.pettingzoo import PettingZooCreator
+
+    config = tictactoe_config()
+    config.validate()
+    env = PettingZooCreator(tictactoe_v3.env)()
+    spec = config.get_multi_rl_module_spec(env=env, inference_only=False)
+    module = spec.rl_module_specs["learner"].build()
+    assert isinstance(module, ActionMaskingDQNTorchRLModule)
+    module.make_target_networks()
+    rng = np.random.default_rng(0)
+    mask = rng.random((5, 9)) < 0.5
+    mask[:, 0] = True
+
+    def obs():
+        return {
+            "observation": torch.as_tensor(rng.integers(0, 2, (5, 3, 3, 2)), dtype=torch.int8),
+            "action_mask": torch.as_tensor(mask, dtype=torch.int8),
+        }
+
+    out = module.forward_train({"obs": obs(), "new_obs": obs()})
+    lowest = torch.finfo(out[QF_PREDS].dtype).min
+    for key in (QF_PREDS, QF_NEXT_PREDS, QF_TARGET_NEXT_PREDS):
+        assert (out[key][torch.as_tensor(~mask)] == lowest).all(), key
+        assert (out[key][torch.as_tensor(mask)] > lowest).all(), key
+    flat = torch.rand(5, 18)
+    plain = module.forward_train({"obs": flat, "new_obs": flat})
+    assert (plain[QF_PREDS] > lowest).all()
+    acts = module.forward_exploration({"obs": obs()}, t=0)["actions"]
+    assert torch.as_tensor(mask)[torch.arange(5), acts].all()

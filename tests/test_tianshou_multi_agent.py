@@ -244,3 +244,22 @@ def test_trainer_runs_logs_agent_returns_and_checkpoints_each_module_replay(clus
         assert len(restored) >= saved
     finally:
         restored.close()
+
+
+@pytest.mark.ray
+def test_agents_with_different_spaces_raise_before_any_actor_starts(cluster):
+    """Tianshou's PettingZooEnv holds one space for all agents: an env whose agents differ is
+    refused when the collector builds its probe env, before anything starts."""
+    from mpe2 import simple_speaker_listener_v4
+
+    factory = PettingZooFactory(
+        simple_speaker_listener_v4.parallel_env, parallel=True, continuous_actions=False
+    )
+    env = spread_factory()()
+    algorithm = MultiAgentGorilaDQN(algorithms=[gorila((12,), 5), gorila((12,), 5)], env=env)
+    buffer = make_buffer()
+    before = alive_actor_ids()
+    with pytest.raises(ValueError, match="env_factory failed.*spaces for all agents"):
+        make_collector(algorithm, buffer, env_factory=factory)
+    assert not buffer.started
+    assert alive_actor_ids() <= before
