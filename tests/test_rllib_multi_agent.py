@@ -331,12 +331,10 @@ def test_masking_module_masks_online_and_target_q_values_of_masked_observations(
     online selection and the target values at illegal actions are the lowest float), and what
     GorilaDQN's learner gets on flattened observations (unmasked; its loss masks)."""
     import torch
+    from pettingzoo.classic import tictactoe_v3
     from ray.rllib.algorithms.dqn.dqn_learner import QF_NEXT_PREDS, QF_PREDS, QF_TARGET_NEXT_PREDS
 
     from rllib_plugins.action_masking import ActionMaskingDQNTorchRLModule
-
-    from pettingzoo.classic import tictactoe_v3
-
     from rllib_plugins.pettingzoo import PettingZooCreator
 
     config = tictactoe_config()
