@@ -25,18 +25,11 @@ from pathlib import Path
 import ray
 import torch
 from pettingzoo.classic import tictactoe_v3
-from ray.rllib.core.rl_module.multi_rl_module import MultiRLModuleSpec
-from ray.rllib.core.rl_module.rl_module import RLModuleSpec
 from ray.tune.registry import register_env
 
 from rl_dist_ext.games import play_against_random
-from rllib_plugins import (
-    AlternatingSeats,
-    GorilaDQNConfig,
-    PettingZooCreator,
-    RandomLegalActionRLModule,
-)
-from rllib_plugins.pettingzoo import greedy_act
+from rllib_plugins import GorilaDQNConfig, PettingZooCreator
+from rllib_plugins.pettingzoo import against_random_opponent, greedy_act
 
 log = logging.getLogger("rllib_multi_agent_tictactoe")
 
@@ -45,23 +38,10 @@ SEATS = ("player_1", "player_2")
 
 
 def build_config(args) -> GorilaDQNConfig:
+    # GorilaDQN's default module for the learner: RLlib's DQN module reading the masks
+    config = against_random_opponent(GorilaDQNConfig().environment(ENV), SEATS)
     config = (
-        GorilaDQNConfig()
-        .environment(ENV)
-        .multi_agent(
-            policies={"learner", "random"},
-            policy_mapping_fn=AlternatingSeats(SEATS, learner="learner", opponent="random"),
-            policies_to_train=["learner"],
-        )
-        .rl_module(
-            rl_module_spec=MultiRLModuleSpec(
-                rl_module_specs={
-                    "learner": RLModuleSpec(),  # GorilaDQN's default: action-masking DQN
-                    "random": RLModuleSpec(module_class=RandomLegalActionRLModule),
-                }
-            )
-        )
-        .env_runners(
+        config.env_runners(
             num_env_runners=args.num_env_runners,
             num_envs_per_env_runner=args.num_envs_per_runner,
             num_cpus_per_env_runner=0.2,

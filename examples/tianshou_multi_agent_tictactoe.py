@@ -33,7 +33,7 @@ from pettingzoo.classic import tictactoe_v3
 from tianshou.algorithm.modelfree.dqn import DiscreteQLearningPolicy
 from tianshou.algorithm.optim import AdamOptimizerFactory
 from tianshou.algorithm.random import MARLRandomDiscreteMaskedOffPolicyAlgorithm
-from tianshou.data import Batch, Collector
+from tianshou.data import Collector
 from tianshou.env import DummyVectorEnv
 from tianshou.trainer import OffPolicyTrainerParams
 from tianshou.utils.net.common import Net
@@ -49,6 +49,7 @@ from tianshou_plugins import (
     MultiAgentGorilaDQN,
     PettingZooFactory,
 )
+from tianshou_plugins.multi_agent import greedy_act
 
 log = logging.getLogger("tianshou_multi_agent_tictactoe")
 
@@ -58,20 +59,8 @@ LEARNER_SEAT = "player_2"
 
 def win_rate(learner: GorilaDQN) -> float:
     """The greedy learner's win rate from its seat against random legal moves (200 games)."""
-
-    def act(observation) -> int:
-        obs = Batch(
-            obs=observation["observation"][None].astype(np.float32),
-            mask=observation["action_mask"][None].astype(bool),
-        )
-        with torch.no_grad():
-            return int(learner.policy(Batch(obs=obs, info={})).act[0])
-
-    learner.policy.eval()
-    try:
-        return play_against_random(ENV.raw, act, games=200, seed=123, seats=[LEARNER_SEAT]).win_rate
-    finally:
-        learner.policy.train()
+    act = greedy_act(learner.policy)
+    return play_against_random(ENV.raw, act, games=200, seed=123, seats=[LEARNER_SEAT]).win_rate
 
 
 def main() -> None:

@@ -88,3 +88,35 @@ class AlternatingSeats:
             raise ValueError(f"agent {agent_id!r} is not one of the seats {self.seats}")
         flip = zlib.crc32(str(episode.id_).encode()) % 2
         return self.learner if (self.seats.index(agent_id) + flip) % 2 == 0 else self.opponent
+
+
+def against_random_opponent(
+    config: Any,
+    seats: Sequence[str],
+    *,
+    learner: str = "learner",
+    opponent: str = "random",
+    learner_spec: Any = None,
+) -> Any:
+    """``config`` (any RLlib ``AlgorithmConfig``) set up for a ``learner`` module against a
+    random legal opponent in a two-seat game: RLlib's ``multi_agent(...)`` with
+    :class:`AlternatingSeats` and only the learner trained, and a ``MultiRLModuleSpec`` of
+    ``learner_spec`` (default: the algorithm's own module) and
+    :class:`~rllib_plugins.action_masking.RandomLegalActionRLModule`."""
+    from ray.rllib.core.rl_module.multi_rl_module import MultiRLModuleSpec
+    from ray.rllib.core.rl_module.rl_module import RLModuleSpec
+
+    from rllib_plugins.action_masking import RandomLegalActionRLModule
+
+    return config.multi_agent(
+        policies={learner, opponent},
+        policy_mapping_fn=AlternatingSeats(seats, learner=learner, opponent=opponent),
+        policies_to_train=[learner],
+    ).rl_module(
+        rl_module_spec=MultiRLModuleSpec(
+            rl_module_specs={
+                learner: learner_spec or RLModuleSpec(),
+                opponent: RLModuleSpec(module_class=RandomLegalActionRLModule),
+            }
+        )
+    )

@@ -441,4 +441,4 @@ def test_multi_agent_tictactoe_bench_writes_json_and_table(tmp_path):
     assert set(result["runs"]) == {"gorila-rllib", "dqn-tianshou"}
     for runs in result["runs"].values():
         assert runs[0]["env_steps"] > 0 and runs[0]["checks"]
-    assert "GorilaDQN / DQN" in (tmp_path / "multi_agent_tictactoe.md").read_text()
+    assert "GorilaDQN / fastest DQN setting" in (tmp_path / "multi_agent_tictactoe.md").read_text()

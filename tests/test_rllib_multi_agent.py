@@ -22,31 +22,13 @@ SEATS = ("player_1", "player_2")
 
 def tictactoe_config(**training):
     """A learner module against a random legal opponent, seats alternating per episode."""
-    from ray.rllib.core.rl_module.multi_rl_module import MultiRLModuleSpec
-    from ray.rllib.core.rl_module.rl_module import RLModuleSpec
-
     from rllib_plugins import GorilaDQNConfig
-    from rllib_plugins.action_masking import RandomLegalActionRLModule
-    from rllib_plugins.pettingzoo import AlternatingSeats
+    from rllib_plugins.pettingzoo import against_random_opponent
 
     settings = {"updates_per_iteration": 16, "env_steps_per_request": 64, "n_step": 1}
     settings.update(training)
     return (
-        GorilaDQNConfig()
-        .environment(TTT)
-        .multi_agent(
-            policies={"learner", "random"},
-            policy_mapping_fn=AlternatingSeats(SEATS, learner="learner", opponent="random"),
-            policies_to_train=["learner"],
-        )
-        .rl_module(
-            rl_module_spec=MultiRLModuleSpec(
-                rl_module_specs={
-                    "learner": RLModuleSpec(),
-                    "random": RLModuleSpec(module_class=RandomLegalActionRLModule),
-                }
-            )
-        )
+        against_random_opponent(GorilaDQNConfig().environment(TTT), SEATS)
         .env_runners(num_env_runners=2, num_cpus_per_env_runner=0.2)
         .learners(num_learners=0)
         .resources(num_cpus_for_main_process=0.5)

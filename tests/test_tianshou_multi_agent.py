@@ -259,7 +259,7 @@ def test_agents_with_different_spaces_raise_before_any_actor_starts(cluster):
     algorithm = MultiAgentGorilaDQN(algorithms=[gorila((12,), 5), gorila((12,), 5)], env=env)
     buffer = make_buffer()
     before = alive_actor_ids()
-    with pytest.raises(ValueError, match="env_factory failed.*spaces for all agents"):
+    with pytest.raises(ValueError, match=r"env_factory failed.*spaces for all agents"):
         make_collector(algorithm, buffer, env_factory=factory)
     assert not buffer.started
     assert alive_actor_ids() <= before

@@ -378,22 +378,28 @@ class ActorEnvs:
 
 
 def check_env_factory(
-    env_factory: Any, *, owner: str, check_env: Callable[[gym.Env], None]
+    env_factory: Any,
+    *,
+    owner: str,
+    check_env: Callable[[Any], None],
+    env_type: type = gym.Env,
+    env_kind: str = "a gymnasium.Env",
 ) -> None:
-    """Build one env here, before any actor starts, check it with ``check_env`` (raises), and
-    check that ``env_factory`` pickles (it is sent to the actors)."""
+    """Build one env here, before any actor starts, check that it is an ``env_type`` (with a
+    Box observation space, for gymnasium envs) and then with ``check_env`` (raises), and check
+    that ``env_factory`` pickles (it is sent to the actors)."""
     import cloudpickle
 
     if not callable(env_factory):
-        raise TypeError(f"env_factory must be a callable returning a gym.Env, got {env_factory!r}")
+        raise TypeError(f"env_factory must be a callable returning {env_kind}, got {env_factory!r}")
     try:
         env = env_factory()
     except Exception as error:
         raise ValueError(f"env_factory failed to build an environment: {error!r}") from error
     try:
-        if not isinstance(env, gym.Env):
-            raise TypeError(f"env_factory must return a gymnasium.Env, got {type(env).__name__}")
-        if not isinstance(env.observation_space, gym.spaces.Box):
+        if not isinstance(env, env_type):
+            raise TypeError(f"env_factory must return {env_kind}, got {type(env).__name__}")
+        if isinstance(env, gym.Env) and not isinstance(env.observation_space, gym.spaces.Box):
             raise TypeError(
                 f"{owner} needs a Box observation space (stored as float32), the env has "
                 f"{env.observation_space!r}"

@@ -35,6 +35,7 @@ from tianshou.data import Batch, ReplayBuffer
 
 from rl_dist_ext.gorila import GorilaLearner, GorilaLearnerCounters
 from tianshou_plugins.actor import cpu_state_dict
+from tianshou_plugins.actor_collector import check_env_factory
 from tianshou_plugins.buffer import DistributedPrioritizedReplayBuffer
 from tianshou_plugins.gorila_dqn import GorilaDQN
 
@@ -235,25 +236,10 @@ class MultiAgentDistributedReplayBuffer:
 def check_multi_agent_env_factory(env_factory: Any, algorithm: MultiAgentGorilaDQN) -> None:
     """Build one env here, before any actor starts: a ``tianshou.env.PettingZooEnv`` with the
     algorithm's agents and Discrete actions for the learning ones; the factory must pickle."""
-    import cloudpickle
     import gymnasium as gym
     from tianshou.env import PettingZooEnv
 
-    if not callable(env_factory):
-        raise TypeError(
-            f"env_factory must be a callable returning a PettingZooEnv, got {env_factory!r}"
-        )
-    try:
-        env = env_factory()
-    except Exception as error:
-        raise ValueError(f"env_factory failed to build an environment: {error!r}") from error
-    try:
-        if not isinstance(env, PettingZooEnv):
-            raise TypeError(
-                "MultiAgentGorilaDQN's env_factory must return a tianshou.env.PettingZooEnv "
-                f"(wrap Parallel envs with pettingzoo.utils.parallel_to_aec), got "
-                f"{type(env).__name__}"
-            )
+    def check_env(env: PettingZooEnv) -> None:
         if list(env.agents) != algorithm.agents:
             raise ValueError(
                 f"the env's agents {list(env.agents)} differ from the algorithm's "
@@ -265,14 +251,39 @@ def check_multi_agent_env_factory(env_factory: Any, algorithm: MultiAgentGorilaD
                 raise TypeError(
                     f"GorilaDQN needs a Discrete action space; agent {agent!r} has {space!r}"
                 )
-    finally:
-        env.close()
-    try:
-        cloudpickle.dumps(env_factory)
-    except Exception as error:
-        raise TypeError(
-            f"env_factory must be picklable (it is sent to the actors): {error!r}"
-        ) from error
+
+    check_env_factory(
+        env_factory,
+        owner="MultiAgentGorilaDQN",
+        check_env=check_env,
+        env_type=PettingZooEnv,
+        env_kind=(
+            "a tianshou.env.PettingZooEnv (wrap Parallel envs with "
+            "pettingzoo.utils.parallel_to_aec, or use PettingZooFactory(..., parallel=True))"
+        ),
+    )
+
+
+def greedy_act(policy: Any) -> Any:
+    """``observation -> action`` of a Tianshou Q-learning policy on one PettingZoo observation
+    (``{"observation", "action_mask"}``: the greedy legal action), for
+    :func:`rl_dist_ext.games.play_against_random`."""
+    import torch
+
+    def act(observation: Any) -> int:
+        obs = Batch(
+            obs=np.asarray(observation["observation"], dtype=np.float32)[None],
+            mask=np.asarray(observation["action_mask"], dtype=bool)[None],
+        )
+        was_training = policy.training
+        policy.eval()
+        try:
+            with torch.no_grad():
+                return int(policy(Batch(obs=obs, info={})).act[0])
+        finally:
+            policy.train(was_training)
+
+    return act
 
 
 class PettingZooFactory:
