@@ -183,7 +183,8 @@ class ActorStep(HoldsPulledWeights):
             )
         agent_steps = {}
         for module, replay in self._replays.items():
-            self._credit[module] += rollouts.env_steps
+            if self._count_env_steps:
+                self._credit[module] += rollouts.env_steps
             rollout = rollouts.by_module.get(module)
             if rollout is None or rollout.columns["rewards"].size == 0:
                 agent_steps[module] = 0
