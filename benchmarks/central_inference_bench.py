@@ -8,6 +8,14 @@ learner weights on the server or the runners). Then the driver keeps every env r
 ``--seconds`` and counts the env steps. For central inference the server's request, batch and
 row counters are read before and after the window: the mean batch size is over the window.
 
+``--algo gorila`` measures GorilaDQN's runners instead (each request acts, folds n-step
+transitions with initial priorities and pushes them to the replay: the whole actor step), and
+``--envs ALE/Pong-v5`` or ``minatar:breakout`` runs pixel envs (``rllib_plugins.pixels``: uint8
+frames, the Nature CNN for 84x84), e.g. the Nature-CNN row of the pixel issue::
+
+    .venv/bin/python benchmarks/central_inference_bench.py --algo gorila --envs ALE/Pong-v5 \
+        --runners 8 --envs-per-runner 1 --name pixel_inference_bench --target-ratio 1.5
+
 Modes: ``local`` (``central_inference(enabled=False)``: each runner runs its own copy of the
 policy), ``central`` (one inference server on CPU batches all runners' requests) and, when the
 driver sees a GPU, ``central-gpu`` (the server on the GPU: ``central_inference(num_gpus=1)``).
@@ -32,6 +40,8 @@ import ray
 import torch
 from slow_env import SlowStep
 
+from rl_dist_ext.replay import ObsCompression
+
 RESULTS = Path(__file__).parent / "results"
 BENCH_TAG = "central_inference_bench"
 TARGET_RATIO = 0.8  # central >= 0.8x local env steps/s at the most runners (CPU) ...
@@ -39,18 +49,35 @@ TARGET_BATCH_REQUESTS = 4.0  # ... with at least 4 requests per server batch
 
 
 def build_config(env: str, runners: int, envs_per_runner: int, mode: str, args):
-    from rllib_plugins import VTraceConfig
+    from rllib_plugins import GorilaDQNConfig, VTraceConfig
+    from rllib_plugins.pixels import pixel_env
 
+    if env.startswith("ALE/") or env.startswith("minatar:"):
+        env = pixel_env(env)
+    if args.algo == "gorila":
+        config = (
+            GorilaDQNConfig()
+            .training(lr=1e-4, train_batch_size=32, updates_per_iteration=8)
+            .replay(
+                num_shards=1,
+                capacity=20_000,
+                min_size_to_sample=256,
+                samples_per_insert=None,
+                num_cpus_per_shard=0.05,
+                compression=ObsCompression() if "rl_dist_ext/" in env else None,
+            )
+            .reporting(min_sample_timesteps_per_iteration=256)
+        )
+    else:
+        config = VTraceConfig().training(lr=5e-4, train_batch_size_per_learner=500)
     return (
-        VTraceConfig()
-        .environment(env)
+        config.environment(env)
         .env_runners(
             num_env_runners=runners,
             num_envs_per_env_runner=envs_per_runner,
             num_cpus_per_env_runner=args.cpus_per_runner,
         )
         .learners(num_learners=0)
-        .training(lr=5e-4, train_batch_size_per_learner=500)
         .central_inference(
             enabled=mode != "local",
             max_batch_size=args.max_batch_size,
@@ -61,6 +88,13 @@ def build_config(env: str, runners: int, envs_per_runner: int, mode: str, args):
         .reporting(min_time_s_per_iteration=1)
         .debugging(seed=0)
     )
+
+
+def runner_steps(algo: str, chunk: int):
+    """What one sample request runs on an env runner; returns its env steps."""
+    if algo == "gorila":
+        return lambda runner: runner.collect_and_push(chunk)["env_steps"]
+    return lambda runner: sum(len(episode) for episode in runner.sample(num_timesteps=chunk))
 
 
 def modes_for(gpu: bool) -> list[str]:
@@ -81,15 +115,10 @@ def server_totals(algo) -> dict[str, float]:
     }
 
 
-def sample_for(group, runners: int, seconds: float, chunk: int) -> tuple[int, float]:
-    """Keep every runner sampling ``chunk`` steps at a time for ``seconds``; (steps, seconds).
-
-    The clock stops when the last request returns, so every counted step lies in the window.
-    """
-
-    def sample(runner) -> int:
-        return sum(len(episode) for episode in runner.sample(num_timesteps=chunk))
-
+def sample_for(group, runners: int, seconds: float, sample) -> tuple[int, float]:
+    """Keep every runner running ``sample`` (a request of a fixed number of env steps) for
+    ``seconds``; (steps, seconds). The clock stops when the last request returns, so every
+    counted step lies in the window."""
     steps = 0
     start = time.perf_counter()
     deadline = start + seconds
@@ -121,12 +150,11 @@ def measure(env: str, runners: int, envs_per_runner: int, mode: str, args) -> di
         group = algo.env_runner_group
         # One synchronous round waits out IMPALA's sample requests still in flight; then
         # their results are dropped, so that none counts against the runners' request limit.
-        group.foreach_env_runner(
-            lambda runner: len(runner.sample(num_timesteps=args.chunk)), local_env_runner=False
-        )
+        sample = runner_steps(args.algo, args.chunk)
+        group.foreach_env_runner(sample, local_env_runner=False)
         group.fetch_ready_async_reqs(timeout_seconds=5.0)
         before = server_totals(algo)
-        steps, seconds = sample_for(group, runners, args.seconds, args.chunk)
+        steps, seconds = sample_for(group, runners, args.seconds, sample)
         after = server_totals(algo)
     finally:
         algo.stop()
@@ -182,6 +210,7 @@ def ratios(rows: list[dict]) -> list[dict]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--algo", choices=["vtrace", "gorila"], default="vtrace")
     parser.add_argument("--envs", nargs="+", default=["CartPole-v1", "SlowCartPole-v1"])
     parser.add_argument("--runners", type=int, nargs="+", default=[1, 2, 4, 8])
     parser.add_argument("--envs-per-runner", type=int, nargs="+", default=[1, 8])
@@ -192,6 +221,8 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=10.0, help="sampling window per row")
     parser.add_argument("--chunk", type=int, default=200, help="env steps per sample request")
     parser.add_argument("--out", type=Path, default=RESULTS)
+    parser.add_argument("--name", default="central_inference_bench", help="result file stem")
+    parser.add_argument("--target-ratio", type=float, default=TARGET_RATIO)
     args = parser.parse_args()
     torch.set_num_threads(1)
 
@@ -221,18 +252,18 @@ def main() -> None:
         "ratios": by_runners,
         "targets": {
             "runners": most,
-            "central_over_local_at_least": TARGET_RATIO,
+            "central_over_local_at_least": args.target_ratio,
             "mean_batch_requests_at_least": TARGET_BATCH_REQUESTS,
             "met": {
                 f"{r['env']}, {r['envs_per_runner']} env(s) per runner, {r['mode']}": r["ratio"]
-                >= TARGET_RATIO
+                >= args.target_ratio
                 and r["mean_batch_requests"] >= TARGET_BATCH_REQUESTS
                 for r in at_most
             },
         },
     }
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "central_inference_bench.json").write_text(json.dumps(result, indent=2) + "\n")
+    (args.out / f"{args.name}.json").write_text(json.dumps(result, indent=2) + "\n")
 
     ratio_of = {
         (r["env"], r["envs_per_runner"], r["runners"], r["mode"]): r["ratio"] for r in by_runners
@@ -241,7 +272,8 @@ def main() -> None:
         "# Central (SEED) vs local inference: env steps/s with "
         f"{', '.join(map(str, args.runners))} env runners",
         "",
-        f"VTrace, {' or '.join(map(str, args.envs_per_runner))} env(s) per runner (one server "
+        f"{'GorilaDQN' if args.algo == 'gorila' else 'VTrace'}, "
+        f"{' or '.join(map(str, args.envs_per_runner))} env(s) per runner (one server "
         "request carries all of a runner's envs), runners sampling "
         f"{args.chunk}-step chunks back to back for {args.seconds:.0f} s after one warm-up "
         f"iteration (no learning in the window); server batches of <= {args.max_batch_size} "
@@ -276,7 +308,7 @@ def main() -> None:
         lines.append("| " + " | ".join(cells) + " |")
     lines += [
         "",
-        f"Target (CPU): at {most} runners, central >= {TARGET_RATIO}x local with >= "
+        f"Target (CPU): at {most} runners, central >= {args.target_ratio}x local with >= "
         f"{TARGET_BATCH_REQUESTS:.0f} requests per server batch.",
         "",
     ]
@@ -286,7 +318,7 @@ def main() -> None:
             f"{row['ratio']:.2f}x, "
             f"{row['mean_batch_requests']:.1f} requests per batch: {'met' if met else 'not met'}"
         )
-    (args.out / "central_inference_bench.md").write_text("\n".join(lines) + "\n")
+    (args.out / f"{args.name}.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 
 

@@ -21,6 +21,7 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 from rl_dist_ext.inference import InferenceReply
 from rl_dist_ext.params import ParameterServer, VersionedWeights
 from rl_dist_ext.replay.shard import ReplayShardServer, ShardSpec
+from rl_dist_ext.weight_compression import check_encoding, decode_weights, encode_weights
 
 log = logging.getLogger(__name__)
 
@@ -72,11 +73,16 @@ def start_parameter_server(
     placement_group: Any = None,
     bundle_index: int = -1,
     timeout_s: float = 120.0,
+    weights_encoding: str = "fp32",
 ) -> ParameterServerClient:
-    """Start the parameter server actor (it only stores references: no CPU by default)."""
+    """Start the parameter server actor (it only stores references: no CPU by default);
+    ``weights_encoding``: how weights travel, see :mod:`rl_dist_ext.weight_compression`."""
+    check_encoding(weights_encoding)
     options = _placement(num_cpus, placement_group, bundle_index)
     return ParameterServerClient(
-        RemoteParameterServer.options(**options).remote(), timeout_s=timeout_s
+        RemoteParameterServer.options(**options).remote(),
+        timeout_s=timeout_s,
+        weights_encoding=weights_encoding,
     )
 
 
@@ -88,22 +94,35 @@ class ParameterServerClient:
     version the server refuses raises here, on the learner).
     """
 
-    def __init__(self, handle: ray.actor.ActorHandle, *, timeout_s: float = 120.0) -> None:
+    def __init__(
+        self,
+        handle: ray.actor.ActorHandle,
+        *,
+        timeout_s: float = 120.0,
+        weights_encoding: str = "fp32",
+    ) -> None:
         self.handle = handle
         self._timeout_s = timeout_s
+        self.weights_encoding = check_encoding(weights_encoding)
 
     def publish(self, weights: Any, version: int) -> int:
-        """Store ``weights`` as ``version``; returns it. A server that is restarting (Ray
+        """Store ``weights`` as ``version`` (encoded as ``weights_encoding``, see
+        :mod:`rl_dist_ext.weight_compression`); returns it. A server that is restarting (Ray
         restarts it empty) misses this publish and gets the next one: that is logged, not
         raised, so a learner never stops on it."""
+        sent = encode_weights(weights, self.weights_encoding)
         try:
-            return ray.get(self.handle.publish.remote(weights, version), timeout=self._timeout_s)
+            return ray.get(self.handle.publish.remote(sent, version), timeout=self._timeout_s)
         except (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError) as error:
             log.warning("parameter server missed weights version %d: %s", version, error)
             return version
 
     def pull_if_newer(self, version: int) -> VersionedWeights | None:
-        return ray.get(self.handle.pull_if_newer.remote(version), timeout=self._timeout_s)
+        """The newer weights (decoded to float32), or ``None``."""
+        latest = ray.get(self.handle.pull_if_newer.remote(version), timeout=self._timeout_s)
+        if latest is None:
+            return None
+        return VersionedWeights(decode_weights(latest.weights), latest.version)
 
     def close(self) -> None:
         ray.kill(self.handle, no_restart=True)

@@ -8,11 +8,12 @@ a ``Dict`` observation, and its epsilon-greedy exploration draws from every acti
   flattened ``"observation"`` (an MLP encoder), whose Q-values put illegal actions at the lowest
   float, whose greedy and epsilon-greedy actions are legal ones
   (:func:`rl_dist_ext.ops.dqn.epsilon_greedy_masked`), and which behaves exactly like RLlib's on
-  ``Box`` observations. Given the masked observation (acting; RLlib's own DQN learner, which
-  samples whole observations), the online and target Q-values are masked; given the flattened
-  observation alone (GorilaDQN's learner, which gets the mask of the bootstrap observation as a
-  replay column), they are not and the loss masks the action selection
-  (``double_dqn_loss(next_action_mask=...)``).
+  ``Box`` observations, except that uint8 pixels become floats in [0, 1] only at its first layer and
+  84x84 frames get the Nature CNN (:mod:`rllib_plugins.pixels`). Given the masked observation
+  (acting; RLlib's own DQN learner, which samples whole observations), the online and target
+  Q-values are masked; given the flattened observation alone (GorilaDQN's learner, which gets the
+  mask of the bootstrap observation as a replay column), they are not and the loss masks the action
+  selection (``double_dqn_loss(next_action_mask=...)``).
 - :class:`RandomLegalActionRLModule`: an opponent that plays uniformly random legal moves (for
   "against a random opponent"; RLlib's example ``RandomRLModule`` ignores masks and, in
   PettingZoo's classic envs, loses every game by an illegal move).
@@ -31,6 +32,7 @@ from ray.rllib.core.columns import Columns
 from ray.rllib.core.rl_module.torch.torch_rl_module import TorchRLModule
 
 from rl_dist_ext.ops.dqn import epsilon_greedy_masked, mask_q_values, masked_argmax
+from rllib_plugins.pixels import pixel_model_config, pixel_scale, to_network_input
 
 OBSERVATION = "observation"
 ACTION_MASK = "action_mask"
@@ -74,12 +76,16 @@ class ActionMaskingDQNTorchRLModule(DefaultDQNTorchRLModule):
 
     def __init__(self, *args: Any, observation_space: gym.Space | None = None, **kwargs: Any):
         self.observation_space_with_mask = observation_space
-        super().__init__(
-            *args, observation_space=flat_observation_space(observation_space), **kwargs
-        )
+        flat = flat_observation_space(observation_space)
+        # Pixels: uint8 up to here, floats in [0, 1] from the encoder on; Nature CNN for 84x84.
+        self._pixel_scale = pixel_scale(flat)
+        if "model_config" in kwargs:
+            kwargs["model_config"] = pixel_model_config(flat, kwargs["model_config"])
+        super().__init__(*args, observation_space=flat, **kwargs)
 
     def _qf_forward_helper(self, batch: dict, encoder: Any, head: Any) -> dict:
         obs, mask = split_masked(batch[Columns.OBS])
+        obs = to_network_input(obs, self._pixel_scale)
         out = super()._qf_forward_helper({**batch, Columns.OBS: obs}, encoder, head)
         out[QF_PREDS] = mask_q_values(out[QF_PREDS], mask)
         return out

@@ -87,7 +87,7 @@ class GorilaDQN(DQN):
                 server_bundle = len(placement_group.bundle_specs) - 1
                 first_shard_bundle = server_bundle + 1 - num_shards * len(modules)
                 first_shard_bundle -= int(config.uses_central_inference())
-            self._param_server = start_parameter_server()
+            self._param_server = start_parameter_server(weights_encoding=config.weights_encoding)
             for i, module in enumerate(modules):
                 bundles = None
                 if first_shard_bundle is not None:
@@ -322,9 +322,18 @@ _REPLAY_METRICS = {
     "replay_stale_updates": "stale_updates",
     "replay_items_lost": "items_lost",
     "replay_shard_failures": "shard_failures",
+    "replay_bytes": "storage_bytes",
+    "replay_bytes_per_transition": "bytes_per_transition",
+    "replay_compression_ratio": "compression_ratio",
 }
 #: Replay metrics that add up over modules (the others are reported per module only).
-_SUMMED = ("replay_size", "replay_items_lost", "replay_shard_failures", "replay_stale_updates")
+_SUMMED = (
+    "replay_size",
+    "replay_items_lost",
+    "replay_shard_failures",
+    "replay_stale_updates",
+    "replay_bytes",
+)
 
 
 def _replay_metrics(stats: dict[str, dict[str, Any]], *, multi_agent: bool) -> dict[str, Any]:

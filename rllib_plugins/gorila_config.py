@@ -8,8 +8,10 @@ from ray.rllib.algorithms.dqn import DQNConfig
 from ray.rllib.utils.from_config import NotProvided
 
 from rl_dist_ext.replay import snapshot
+from rl_dist_ext.replay.compression import ObsCompression
 from rl_dist_ext.replay.distributed import DistributedReplayConfig
 from rl_dist_ext.validation import check_int
+from rl_dist_ext.weight_compression import check_encoding
 from rllib_plugins.central_inference import CentralInferenceSettingsMixin
 from rllib_plugins.config_setters import set_provided
 from rllib_plugins.multi_agent import trained_module_ids
@@ -112,6 +114,7 @@ class GorilaDQNConfig(CentralInferenceSettingsMixin, DQNConfig):
         self.publish_every_n_updates = 8
         self.epsilon_base = 0.4
         self.epsilon_alpha = 7.0
+        self.weights_encoding = "fp32"  # how weights travel to runners (exact by default)
         # Replay.
         self.replay_num_shards = 2
         self.replay_capacity = 100_000
@@ -130,6 +133,7 @@ class GorilaDQNConfig(CentralInferenceSettingsMixin, DQNConfig):
         self.replay_num_cpus_per_shard = 0.1
         self.replay_snapshot_every_inserts: int | None = None
         self.replay_snapshot_dir: str | None = None
+        self.replay_compression: ObsCompression | None = None
         self.checkpoint_replay = True
 
     def training(
@@ -142,9 +146,13 @@ class GorilaDQNConfig(CentralInferenceSettingsMixin, DQNConfig):
         publish_every_n_updates: int = NotProvided,
         epsilon_base: float = NotProvided,
         epsilon_alpha: float = NotProvided,
+        weights_encoding: str = NotProvided,
         **kwargs: Any,
     ) -> Self:
-        """DQN's ``training()`` settings plus the Gorila ones (see the class docstring)."""
+        """DQN's ``training()`` settings plus the Gorila ones (see the class docstring).
+
+        ``weights_encoding``: how published weights travel to the runners: ``"fp32"`` (exact,
+        the default), ``"fp16"`` or ``"int8"`` (see ``rl_dist_ext.weight_compression``)."""
         super().training(**kwargs)
         set_provided(
             self,
@@ -156,6 +164,7 @@ class GorilaDQNConfig(CentralInferenceSettingsMixin, DQNConfig):
                 "publish_every_n_updates": publish_every_n_updates,
                 "epsilon_base": epsilon_base,
                 "epsilon_alpha": epsilon_alpha,
+                "weights_encoding": weights_encoding,
             },
         )
         return self
@@ -177,9 +186,14 @@ class GorilaDQNConfig(CentralInferenceSettingsMixin, DQNConfig):
         num_cpus_per_shard: float = NotProvided,
         snapshot_dir: str | None = NotProvided,
         snapshot_every_inserts: int | None = NotProvided,
+        compression: ObsCompression | None = NotProvided,
         checkpoint: bool = NotProvided,
     ) -> Self:
         """Settings of the sharded replay; ``checkpoint=False`` leaves it out of checkpoints.
+
+        ``compression``: store pixel observations compressed (runners compress, shards
+        decompress when sampling), e.g. ``ObsCompression(columns=("obs", "next_obs"))``; see
+        ``rl_dist_ext.replay.compression``.
 
         ``batches_per_request``: learner batches one sample request serves (priority updates are
         sent as often); see ``rl_dist_ext.replay.distributed``.
@@ -242,6 +256,7 @@ class GorilaDQNConfig(CentralInferenceSettingsMixin, DQNConfig):
             raise ValueError(f"epsilon_alpha must be >= 0, got {self.epsilon_alpha!r}")
         if not 0.0 <= self.replay_beta <= 1.0:
             raise ValueError(f"replay beta must be in [0, 1], got {self.replay_beta!r}")
+        check_encoding(self.weights_encoding)
         if self.num_atoms != 1:
             raise ValueError(
                 f"num_atoms={self.num_atoms}: distributional Q-learning is not supported by "
@@ -322,6 +337,7 @@ class GorilaDQNConfig(CentralInferenceSettingsMixin, DQNConfig):
             snapshot_dir=snapshot_dir,
             snapshot_every_inserts=self.replay_snapshot_every_inserts,
             seed=seed,
+            compression=self.replay_compression,
         )
 
     @property

@@ -24,6 +24,7 @@ from ray.rllib.utils.schedules.scheduler import Scheduler
 
 from rl_dist_ext.exploration import apex_epsilons
 from rl_dist_ext.gorila import NEXT_ACTION_MASK, ActorStep, ModuleRollouts, Rollout
+from rl_dist_ext.observations import observation_array
 from rl_dist_ext.ops.dqn import epsilon_greedy_masked
 from rllib_plugins.action_masking import split_masked
 from rllib_plugins.central_inference import CentralInferenceRunnerMixin
@@ -67,10 +68,10 @@ def episodes_to_rollout(episodes) -> dict[str, np.ndarray]:
         return joined.reshape(joined.shape[0], 1, *joined.shape[1:])
 
     rollout = {
-        "obs": column(obs).astype(np.float32, copy=False),
+        "obs": observation_array(column(obs)),
         "actions": column(actions),
         "rewards": column(rewards),
-        "next_obs": column(next_obs).astype(np.float32, copy=False),
+        "next_obs": observation_array(column(next_obs)),
         "terminated": column(terminated),
         "truncated": column(truncated),
     }

@@ -125,6 +125,17 @@ class VTraceConfig(CentralInferenceSettingsMixin, IMPALAConfig):
         #   in every seed with 0.05.
         self.vf_loss_coeff = 0.05
 
+    def get_default_rl_module_spec(self):
+        """IMPALA's actor-critic module, taking uint8 pixels (floats from its encoder on) and the
+        Nature CNN for 84x84 frames (:class:`~rllib_plugins.pixels.PixelPPOTorchRLModule`)."""
+        from ray.rllib.core.rl_module.rl_module import RLModuleSpec
+
+        from rllib_plugins.pixels import PixelPPOTorchRLModule
+
+        if self.framework_str != "torch":
+            raise ValueError(f"VTrace supports framework='torch' only, got {self.framework_str!r}")
+        return RLModuleSpec(module_class=PixelPPOTorchRLModule)
+
     def get_default_learner_class(self):
         from rllib_plugins.vtrace_learner import VTraceTorchLearner
 

@@ -472,15 +472,19 @@ def test_learner_in_its_own_actor(ray_session):
     )
     try:
         versions = []
-        for _ in range(3):
+        # A shard is sampled once it holds its share of min_size_to_sample; on a loaded
+        # machine that can take a few more iterations than three.
+        for i in range(8):
             result = algorithm.train()
             versions.append(result["gorila"]["learner_weights_version"])
+            sampled = [status.num_sampled for status in algorithm.replay().refresh()]
+            if i >= 2 and all(n > 0 for n in sampled):
+                break
         # Versions count gradient updates: 0 until the replay first holds enough rows.
         assert versions[-1] > versions[0] >= 0
         assert result["learners"]["__all_modules__"]["num_gradient_updates"] > 0
         # Every runner acts with weights the learner actor published after the first ones.
         assert 0 <= result["gorila"]["policy_lag_max"] < versions[-1] - 1
-        sampled = [status.num_sampled for status in algorithm.replay().refresh()]
         assert all(n > 0 for n in sampled), sampled
     finally:
         algorithm.stop()

@@ -57,12 +57,12 @@ def test_tune_runs_two_trials_by_name(ray_session, tmp_path):
         "GorilaDQN",
         param_space=config,
         run_config=tune.RunConfig(
-            stop={"training_iteration": 2}, storage_path=str(tmp_path), verbose=0
+            stop={"training_iteration": 1}, storage_path=str(tmp_path), verbose=0
         ),
     )
     results = tuner.fit()
     assert len(results) == 2
     assert not results.errors
     for result in results:
-        assert result.metrics["training_iteration"] == 2
+        assert result.metrics["training_iteration"] == 1
         assert "gorila" in result.metrics

@@ -279,8 +279,12 @@ def vtrace_spread_config(env=SPREAD):
     )
 
 
-@pytest.mark.parametrize("central", [False, True], ids=["impala", "seed"])
-def test_vtrace_trains_a_shared_module_on_parallel_and_aec_envs(envs, central):
+@pytest.mark.parametrize(
+    ("env", "central"),
+    [(SPREAD, False), ("rl_dist_ext_spread_aec", True)],
+    ids=["parallel-impala", "aec-seed"],
+)
+def test_vtrace_trains_a_shared_module_on_parallel_and_aec_envs(envs, env, central):
     from mpe2 import simple_spread_v3
     from ray.tune.registry import register_env
 
@@ -290,22 +294,21 @@ def test_vtrace_trains_a_shared_module_on_parallel_and_aec_envs(envs, central):
         "rl_dist_ext_spread_aec",
         PettingZooCreator(simple_spread_v3.env, N=2, max_cycles=25, continuous_actions=False),
     )
-    for env in (SPREAD, "rl_dist_ext_spread_aec"):
-        config = vtrace_spread_config(env).central_inference(enabled=central, num_cpus=0.1)
-        algorithm = config.build_algo()
-        try:
-            trained = 0
-            for _ in range(20):
-                result = algorithm.train()
-                learner = result.get("learners", {}).get("shared", {})
-                trained = learner.get("num_module_steps_trained_lifetime", trained)
-                if trained > 0:
-                    break
-            assert trained > 0, env
-            if central:
-                assert result["central_inference"]["num_requests"] > 0
-        finally:
-            algorithm.stop()
+    config = vtrace_spread_config(env).central_inference(enabled=central, num_cpus=0.1)
+    algorithm = config.build_algo()
+    try:
+        trained = 0
+        for _ in range(20):
+            result = algorithm.train()
+            learner = result.get("learners", {}).get("shared", {})
+            trained = learner.get("num_module_steps_trained_lifetime", trained)
+            if trained > 0:
+                break
+        assert trained > 0, env
+        if central:
+            assert result["central_inference"]["num_requests"] > 0
+    finally:
+        algorithm.stop()
 
 
 def test_masking_module_masks_online_and_target_q_values_of_masked_observations():

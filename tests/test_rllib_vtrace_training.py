@@ -57,16 +57,13 @@ def train_until_threshold(
     return scores, result
 
 
-@pytest.mark.parametrize("central", [True, False], ids=["seed", "local"])
-def test_vtrace_learns_cartpole_within_env_step_budget(ray_session, central):
-    """Greedy return >= 150 within 150k env steps, checked after every iteration."""
-    algorithm = small_config(central=central).build_algo()
+def test_vtrace_in_seed_mode_learns_cartpole_within_env_step_budget(ray_session):
+    """Greedy return >= 150 within 150k env steps, checked after every iteration. (Local
+    inference learns in the defaults test below, which runs it as a new user would.)"""
+    algorithm = small_config(central=True).build_algo()
     try:
         scores, result = train_until_threshold(algorithm, VTRACE_BUDGET_ENV_STEPS)
-        if central:
-            assert result["central_inference"]["version"] > 1  # the server got learned weights
-        else:
-            assert "central_inference" not in result
+        assert result["central_inference"]["version"] > 1  # the server got learned weights
     finally:
         algorithm.stop()
     assert max(score for _, score in scores) >= THRESHOLD, f"greedy returns by env steps: {scores}"
@@ -87,9 +84,10 @@ def test_vtrace_defaults_learn_cartpole_on_a_laptop(ray_session):
     algorithm = config.debugging(seed=0).build_algo()
     try:
         assert algorithm._inference is None  # no GPU here: the runners infer locally
-        scores, _ = train_until_threshold(
+        scores, result = train_until_threshold(
             algorithm, DEFAULTS_BUDGET_ENV_STEPS, DEFAULTS_EVAL_EVERY_ENV_STEPS
         )
+        assert "central_inference" not in result
     finally:
         algorithm.stop()
     assert max(score for _, score in scores) >= THRESHOLD, f"greedy returns by env steps: {scores}"
@@ -128,7 +126,7 @@ def test_tune_runs_two_vtrace_trials_by_name(ray_session, tmp_path):
         "VTrace",
         param_space=config,
         run_config=tune.RunConfig(
-            stop={"training_iteration": 2}, storage_path=str(tmp_path), verbose=0
+            stop={"training_iteration": 1}, storage_path=str(tmp_path), verbose=0
         ),
     )
     results = tuner.fit()
@@ -136,6 +134,6 @@ def test_tune_runs_two_vtrace_trials_by_name(ray_session, tmp_path):
     assert not results.errors
     assert sorted(result.config["lr"] for result in results) == [5e-4, 1e-3]
     for result in results:
-        assert result.metrics["training_iteration"] == 2
+        assert result.metrics["training_iteration"] == 1
         assert result.metrics["central_inference"]["num_callers"] == 2
         assert result.metrics["central_inference"]["requests_per_s"] > 0

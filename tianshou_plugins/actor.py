@@ -31,6 +31,7 @@ from tianshou.env import DummyVectorEnv
 from rl_dist_ext.gorila import ActorStep, ModuleRollouts, Rollout
 from rl_dist_ext.gorila.turns import TurnAssembler, transitions_to_rollout
 from rl_dist_ext.impala import TrajectoryActorStep
+from rl_dist_ext.observations import observation_array
 from rl_dist_ext.ray_actors import InferenceCaller
 from tianshou_plugins.central_inference import Kind, ServerPolicy
 
@@ -120,10 +121,10 @@ class EnvActor:
             return np.stack([np.asarray(b[name], dtype=dtype) for b in per_env], axis=1)
 
         columns = {
-            "obs": stack("obs", np.float32),
+            "obs": observation_array(stack("obs")),
             "actions": stack("act"),
             "rewards": stack("rew", np.float32),
-            "next_obs": stack("obs_next", np.float32),
+            "next_obs": observation_array(stack("obs_next")),
             "terminated": stack("terminated", bool),
             "truncated": stack("truncated", bool),
         }

@@ -37,6 +37,7 @@ from tianshou.data.collector import BaseCollector, CollectStats
 from rl_dist_ext.actor_pool import ActorPool
 from rl_dist_ext.params import PolicyLag, policy_lag
 from rl_dist_ext.validation import check_int, check_real
+from rl_dist_ext.weight_compression import check_encoding
 from tianshou_plugins.central_inference import CentralInference, Kind, TianshouPolicyFactory
 
 if TYPE_CHECKING:
@@ -84,6 +85,8 @@ class ActorFleet:
     num_cpus_per_actor: float
     seed: int | None
     timeout_s: float
+    #: how weights travel to the actors (rl_dist_ext.weight_compression); exact by default
+    weights_encoding: str = "fp32"
 
     def __post_init__(self) -> None:
         check_int("num_actors", self.num_actors, 1)
@@ -95,6 +98,7 @@ class ActorFleet:
         if self.seed is not None:
             check_int("seed", self.seed, 0)
         check_real("timeout_s", self.timeout_s, low=0.0, strict=True)
+        check_encoding(self.weights_encoding)
 
     @property
     def num_envs(self) -> int:
@@ -176,7 +180,9 @@ class RayActorCollector(BaseCollector[TStats], Generic[TStats]):
 
         seed_mode: dict[str, Any] = {}
         if self.central_inference is None:
-            self.env.weights_server = start_parameter_server(timeout_s=self._timeout_s)
+            self.env.weights_server = start_parameter_server(
+                timeout_s=self._timeout_s, weights_encoding=self.fleet.weights_encoding
+            )
         else:
             settings = self.central_inference
             handle = start_inference_server(
@@ -401,8 +407,8 @@ def check_env_factory(
             raise TypeError(f"env_factory must return {env_kind}, got {type(env).__name__}")
         if isinstance(env, gym.Env) and not isinstance(env.observation_space, gym.spaces.Box):
             raise TypeError(
-                f"{owner} needs a Box observation space (stored as float32), the env has "
-                f"{env.observation_space!r}"
+                f"{owner} needs a Box observation space (stored as float32, or uint8 for "
+                f"pixels), the env has {env.observation_space!r}"
             )
         check_env(env)
     finally:

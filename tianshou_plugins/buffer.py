@@ -19,6 +19,7 @@ import torch
 from tianshou.data import Batch
 
 from rl_dist_ext.gorila import NEXT_ACTION_MASK
+from rl_dist_ext.replay.compression import ObsCompression
 from rl_dist_ext.replay.distributed import DistributedReplay, DistributedReplayConfig
 from rl_dist_ext.validation import check_real
 
@@ -45,6 +46,8 @@ class DistributedPrioritizedReplayBuffer:
             shard comes back with its rows.
         timeout_s: how long any replay call may wait (rate limiter included).
         seed: seeds the shards' samplers.
+        compression: store pixel observations compressed (actors compress, shards decompress
+            when sampling), e.g. ``ObsCompression()``; see ``rl_dist_ext.replay.compression``.
     """
 
     def __init__(
@@ -65,6 +68,7 @@ class DistributedPrioritizedReplayBuffer:
         snapshot_every_inserts: int | None = None,
         timeout_s: float = 60.0,
         seed: int | None = None,
+        compression: ObsCompression | None = None,
     ) -> None:
         self._config = DistributedReplayConfig(
             num_shards=num_shards,
@@ -81,6 +85,7 @@ class DistributedPrioritizedReplayBuffer:
             snapshot_every_inserts=snapshot_every_inserts,
             timeout_s=timeout_s,
             seed=seed,
+            compression=compression,
         )
         self.set_beta(beta)
         self._replay: DistributedReplay | None = None

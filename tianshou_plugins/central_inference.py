@@ -29,6 +29,7 @@ from tianshou.algorithm.algorithm_base import Policy
 from tianshou.data import Batch
 
 from rl_dist_ext.inference import InferenceServerConfig
+from rl_dist_ext.observations import observation_array
 from rl_dist_ext.validation import check_real
 
 Kind = Literal["policy", "q"]
@@ -129,7 +130,7 @@ class ServerPolicy(Policy):
         self.epsilon = float(epsilon)
 
     def forward(self, batch: Batch, state: Any = None) -> Batch:
-        reply = self.caller.infer(np.asarray(batch.obs, dtype=np.float32))
+        reply = self.caller.infer(observation_array(batch.obs))
         rows = len(reply.outputs["actions"])
         recorded = Batch(version=np.full(rows, reply.version, dtype=np.float64))
         if self.kind == "policy":

@@ -75,6 +75,9 @@ _REPLAY_STATS = (
     "stale_updates",
     "items_lost",
     "shard_failures",
+    "storage_bytes",
+    "bytes_per_transition",
+    "compression_ratio",
 )
 
 
@@ -101,6 +104,8 @@ class GorilaCollector(RayActorCollector[GorilaCollectStats]):
         central_inference: SEED mode (:class:`~tianshou_plugins.CentralInference`): the
             inference server returns greedy actions and Q-values (each actor applies its own
             epsilon and computes its initial priorities from them); the actors hold no weights.
+        weights_encoding: how the weights travel to the actors: ``"fp32"`` (exact, the
+            default), ``"fp16"`` or ``"int8"`` (see ``rl_dist_ext.weight_compression``).
     """
 
     actor_method = "collect_and_push"
@@ -126,6 +131,7 @@ class GorilaCollector(RayActorCollector[GorilaCollectStats]):
         seed: int | None = None,
         timeout_s: float = 120.0,
         central_inference: CentralInference | None = None,
+        weights_encoding: str = "fp32",
     ) -> None:
         self._algorithm, policy, gamma, n_step = _resolve_policy(policy, gamma, n_step)
         multi_agent = isinstance(self._algorithm, MultiAgentGorilaDQN)
@@ -150,6 +156,7 @@ class GorilaCollector(RayActorCollector[GorilaCollectStats]):
             num_cpus_per_actor=num_cpus_per_actor,
             seed=seed,
             timeout_s=timeout_s,
+            weights_encoding=weights_encoding,
         )
         self._epsilons = apex_epsilons(num_actors, epsilon_base, epsilon_alpha)
         if multi_agent:

@@ -36,6 +36,7 @@ from tianshou.data import Batch, ReplayBuffer
 from tianshou.utils.net.common import ActorCritic
 
 from rl_dist_ext.impala import TimeMajorBatch, Trajectory, time_major_batch
+from rl_dist_ext.observations import observation_array
 from rl_dist_ext.ops.vtrace_loss import VTraceLoss, vtrace_actor_critic_loss
 from rl_dist_ext.params import VersionedWeights, WeightsVersion
 from rl_dist_ext.validation import check_real
@@ -286,10 +287,10 @@ def trajectory_from_steps(batch: Batch) -> Trajectory:
         return x.reshape(len(counts), num_steps, *x.shape[1:]).swapaxes(0, 1)  # [T, B, ...]
 
     columns = {
-        "obs": column(batch.obs, np.float32),
+        "obs": observation_array(column(batch.obs)),
         "actions": column(batch.act),
         "rewards": column(batch.rew, np.float32),
-        "next_obs": column(batch.obs_next, np.float32),
+        "next_obs": observation_array(column(batch.obs_next)),
         "terminated": column(batch.terminated, bool),
         "truncated": column(batch.truncated, bool),
         "behaviour_logp": column(policy.logp, np.float32),

@@ -70,6 +70,8 @@ class VTraceCollector(RayActorCollector[VTraceCollectStats]):
         central_inference: SEED mode (:class:`~tianshou_plugins.CentralInference`): the
             inference server samples every actor's actions and returns their log-probs; the
             actors hold no weights. ``None``: each actor acts with its own copy.
+        weights_encoding: how the weights travel to the actors: ``"fp32"`` (exact, the
+            default), ``"fp16"`` or ``"int8"`` (see ``rl_dist_ext.weight_compression``).
     """
 
     actor_method = "collect_trajectory"
@@ -91,6 +93,7 @@ class VTraceCollector(RayActorCollector[VTraceCollectStats]):
         seed: int | None = None,
         timeout_s: float = 120.0,
         central_inference: CentralInference | None = None,
+        weights_encoding: str = "fp32",
     ) -> None:
         if not isinstance(algorithm, VTrace):
             raise TypeError(
@@ -106,6 +109,7 @@ class VTraceCollector(RayActorCollector[VTraceCollectStats]):
             num_cpus_per_actor=num_cpus_per_actor,
             seed=seed,
             timeout_s=timeout_s,
+            weights_encoding=weights_encoding,
         )
         check_int("max_trajectories_per_collect", max_trajectories_per_collect, num_actors)
         policy = algorithm.policy

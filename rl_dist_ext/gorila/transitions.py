@@ -14,6 +14,7 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
+from rl_dist_ext.observations import observation_array
 from rl_dist_ext.ops.dqn import double_dqn_td_error
 from rl_dist_ext.ops.nstep import flatten_time_batch, fold_nstep
 
@@ -52,7 +53,8 @@ def nstep_batch_with_priorities(
             initial TD errors bootstrap from legal actions only, as the learner's do).
         gamma: discount per step.
         n_step: n of the n-step return.
-        q_values: the actor's local network, ``[N, *obs_shape]`` float tensor -> ``[N, A]``.
+        q_values: the actor's local network, ``[N, *obs_shape]`` tensor of the observations'
+            dtype (float32, or uint8 pixels it converts itself) -> ``[N, A]``.
     """
     folded = fold_nstep(
         obs=obs,
@@ -67,8 +69,8 @@ def nstep_batch_with_priorities(
     )
     transitions = flatten_time_batch(folded)
     with torch.no_grad():
-        q_t = q_values(torch.as_tensor(transitions["obs"], dtype=torch.float32))
-        q_tp1 = q_values(torch.as_tensor(transitions["next_obs"], dtype=torch.float32))
+        q_t = q_values(torch.as_tensor(observation_array(transitions["obs"])))
+        q_tp1 = q_values(torch.as_tensor(observation_array(transitions["next_obs"])))
         td = double_dqn_td_error(
             q_online_t=q_t,
             actions=torch.as_tensor(transitions["action"]),

@@ -31,6 +31,8 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from rl_dist_ext.observations import observation_array
+
 
 class AgentTransition(NamedTuple):
     """One completed transition of one agent."""
@@ -170,10 +172,10 @@ def transitions_to_rollout(transitions: Sequence[AgentTransition]) -> dict[str, 
         return array.reshape(len(values), 1, *array.shape[1:])
 
     return {
-        "obs": column([t.obs for t in ordered], np.float32),
+        "obs": observation_array(column([t.obs for t in ordered], None)),
         "actions": column([t.action for t in ordered], np.int64),
         "rewards": column([t.reward for t in ordered], np.float32),
-        "next_obs": column([t.next_obs for t in ordered], np.float32),
+        "next_obs": observation_array(column([t.next_obs for t in ordered], None)),
         "terminated": column([t.terminated for t in ordered], bool),
         "truncated": column([t.truncated for t in ordered], bool),
         "next_action_mask": column([t.next_action_mask for t in ordered], bool),

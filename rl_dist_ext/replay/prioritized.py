@@ -18,6 +18,7 @@ import numba
 import numpy as np
 
 from rl_dist_ext.ops.priorities import td_priorities, validate_alpha_eps
+from rl_dist_ext.replay import compression as codec
 from rl_dist_ext.replay.storage import ColumnarStorage
 from rl_dist_ext.replay.sum_tree import SumTree
 from rl_dist_ext.validation import check_int
@@ -49,6 +50,9 @@ class PrioritizedReplay:
         alpha: prioritization exponent (``0`` = uniform replay).
         eps: added to raw priorities so none is zero.
         seed: seed of the sampler's random generator.
+        compression: columns to store compressed (pixel observations), see
+            :mod:`rl_dist_ext.replay.compression`; :meth:`add` takes raw batches or
+            :class:`~rl_dist_ext.replay.compression.PackedRows`, :meth:`sample` returns raw arrays.
     """
 
     def __init__(
@@ -58,8 +62,15 @@ class PrioritizedReplay:
         alpha: float = 0.6,
         eps: float = 1e-6,
         seed: int | None = None,
+        compression: codec.ObsCompression | None = None,
     ) -> None:
         self._capacity = check_int("capacity", capacity, 1)
+        if compression is not None and not isinstance(compression, codec.ObsCompression):
+            raise TypeError(
+                f"compression must be an ObsCompression or None, got {type(compression).__name__}"
+            )
+        self._compression = compression
+        self._layout: tuple[codec.ColumnLayout, ...] | None = None
         validate_alpha_eps(alpha, eps)
         self._alpha = float(alpha)
         self._eps = float(eps)
@@ -106,6 +117,21 @@ class PrioritizedReplay:
     def __len__(self) -> int:
         return len(self._storage)
 
+    @property
+    def compression(self) -> codec.ObsCompression | None:
+        return self._compression
+
+    @property
+    def nbytes(self) -> int:
+        """Memory the stored rows take (compressed columns at their compressed size)."""
+        return self._storage.nbytes
+
+    @property
+    def uncompressed_row_bytes(self) -> int:
+        """What one row would take with nothing compressed (0 before the first add)."""
+        layout = 0 if self._layout is None else codec.layout_row_bytes(self._layout)
+        return self._storage.array_row_bytes + layout
+
     # ---- insert / sample / update -------------------------------------------------------------
     def add(
         self, batch: Mapping[str, np.ndarray], priorities: np.ndarray | None = None
@@ -113,11 +139,12 @@ class PrioritizedReplay:
         """Insert ``B`` rows; return their ``[B]`` int64 keys.
 
         Args:
-            batch: column name -> ``[B, ...]`` array; the first call fixes the schema.
+            batch: column name -> ``[B, ...]`` array; the first call fixes the schema. With
+                ``compression``, also :class:`~rl_dist_ext.replay.compression.PackedRows`.
             priorities: ``[B]`` raw non-negative priorities (e.g. ``|TD error|``), or ``None``
                 for the largest priority seen so far.
         """
-        arrays, rows = self._storage.validate(batch)
+        arrays, rows = self._storage.validate(self._to_stored(batch))
         if priorities is None:
             raw = np.full(rows, self._max_priority, dtype=np.float64)
         else:
@@ -158,7 +185,12 @@ class PrioritizedReplay:
             raise ValueError("cannot sample from an empty replay; add() transitions first")
         slots, priorities = self._tree.sample_stratified(self._rng.random(batch_size))
         keys = self._storage.insert_ids[slots]
-        return SampledItems(keys, priorities, self._storage.gather(slots))
+        batch = self._storage.gather(slots)
+        if self._compression is not None:
+            batch.update(
+                codec.unpack(batch.pop(codec.BLOB_COLUMN), self._layout, self._compression.codec)
+            )
+        return SampledItems(keys, priorities, batch)
 
     def update_priorities(self, keys: np.ndarray, priorities: np.ndarray) -> int:
         """Set new raw priorities for sampled rows; return how many were stale and dropped.
@@ -210,6 +242,7 @@ class PrioritizedReplay:
         self._storage.skip_ids(next_id // self._capacity + 1)
         self._tree = SumTree(self._capacity)
         self._max_priority = 1.0
+        self._layout = None
 
     def invalidate_outstanding_keys(self, rng: np.random.Generator | None = None) -> None:
         """Make keys handed out by a lost copy of this replay unusable on this one.
@@ -236,6 +269,8 @@ class PrioritizedReplay:
             "max_priority": self._max_priority,
             "stale_updates": self._stale_updates,
             "rng": self._rng.bit_generator.state,
+            "compression": self._compression,
+            "layout": self._layout,
         }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
@@ -251,7 +286,13 @@ class PrioritizedReplay:
                 raise ValueError(
                     f"state was saved with {name}={state[name]!r}, this replay has {name}={mine!r}"
                 )
+        if state.get("compression") != self._compression:
+            raise ValueError(
+                f"state was saved with compression={state.get('compression')!r}, this replay "
+                f"has compression={self._compression!r}"
+            )
         self._storage.load_state_dict(state["storage"])
+        self._layout = state.get("layout")
         leaves = np.zeros(self._capacity, dtype=np.float64)
         priorities = np.asarray(state["priorities"], dtype=np.float64)
         leaves[: priorities.shape[0]] = priorities
@@ -259,6 +300,35 @@ class PrioritizedReplay:
         self._max_priority = float(state["max_priority"])
         self._stale_updates = int(state["stale_updates"])
         self._rng.bit_generator.state = state["rng"]
+
+    def _to_stored(self, batch: Any) -> Mapping[str, np.ndarray]:
+        """The columns stored for ``batch``: compressed columns become one blob column."""
+        if self._compression is None:
+            if isinstance(batch, codec.PackedRows):
+                raise ValueError(
+                    "got compressed rows (PackedRows) but this replay has no compression set"
+                )
+            if isinstance(batch, Mapping) and codec.BLOB_COLUMN in batch:
+                raise ValueError(f"batch column {codec.BLOB_COLUMN!r} is reserved")
+            return batch
+        if isinstance(batch, Mapping):
+            batch = codec.pack(dict(batch), self._compression)
+        if not isinstance(batch, codec.PackedRows):
+            raise TypeError(
+                f"batch must be a dict[str, np.ndarray] or PackedRows, got {type(batch).__name__}"
+            )
+        if batch.codec != self._compression.codec:
+            raise ValueError(
+                f"rows were compressed with codec {batch.codec!r}, this replay uses "
+                f"{self._compression.codec!r}"
+            )
+        if self._layout is None:
+            self._layout = batch.layout
+        elif batch.layout != self._layout:
+            raise ValueError(
+                f"compressed columns {batch.layout} do not match the replay schema {self._layout}"
+            )
+        return {**batch.columns, codec.BLOB_COLUMN: batch.blobs}
 
     @staticmethod
     def _check_priorities(priorities: np.ndarray, rows: int) -> np.ndarray:

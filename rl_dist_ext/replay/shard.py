@@ -20,6 +20,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from rl_dist_ext.replay import snapshot
+from rl_dist_ext.replay.compression import ObsCompression, PackedRows
 from rl_dist_ext.replay.prioritized import PrioritizedReplay
 from rl_dist_ext.replay.rate_limiter import RateLimit, RateLimiter
 
@@ -46,6 +47,10 @@ class ShardStatus(NamedTuple):
     #: the rate limiter's counts: inserts (rows, or what each add's ``count`` said), samples
     counted_inserts: int = 0
     counted_samples: int = 0
+    #: memory of the stored rows (compressed columns at their compressed size), and what one
+    #: row would take uncompressed
+    storage_bytes: int = 0
+    uncompressed_row_bytes: int = 0
 
 
 class ShardSample(NamedTuple):
@@ -69,6 +74,7 @@ class ShardSpec:
     snapshot_every_inserts: int | None = None
     snapshot_every_s: float | None = None
     timeout_s: float = 60.0
+    compression: ObsCompression | None = None
 
 
 class ReplayShardServer:
@@ -83,7 +89,11 @@ class ReplayShardServer:
     def __init__(self, spec: ShardSpec, *, restore_snapshot: bool = False) -> None:
         self._spec = spec
         self._replay = PrioritizedReplay(
-            spec.capacity, alpha=spec.alpha, eps=spec.eps, seed=spec.seed
+            spec.capacity,
+            alpha=spec.alpha,
+            eps=spec.eps,
+            seed=spec.seed,
+            compression=spec.compression,
         )
         self._limiter = RateLimiter(spec.rate_limit)
         self._changed: asyncio.Condition | None = None  # bound to the loop it was made in
@@ -103,7 +113,7 @@ class ReplayShardServer:
     # ---- data path ----------------------------------------------------------------------------
     async def add(
         self,
-        batch: Mapping[str, np.ndarray],
+        batch: Mapping[str, np.ndarray] | PackedRows,
         priorities: np.ndarray | None = None,
         *,
         count: int | None = None,
@@ -161,6 +171,8 @@ class ReplayShardServer:
             seq=self._status_seq,
             counted_inserts=self._limiter.inserts,
             counted_samples=self._limiter.samples,
+            storage_bytes=self._replay.nbytes,
+            uncompressed_row_bytes=self._replay.uncompressed_row_bytes,
         )
 
     async def save(self, uri: str) -> ShardStatus:

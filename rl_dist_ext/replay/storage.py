@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Mapping
 
 import numpy as np
+
+_BYTES_HEADER = sys.getsizeof(b"")  # what a Python bytes object costs beyond its contents
 
 
 class ColumnarStorage:
@@ -23,6 +26,7 @@ class ColumnarStorage:
         self._insert_ids = np.full(capacity, -1, dtype=np.int64)
         self._num_inserted = 0
         self._key_base = 0
+        self._object_bytes = 0  # contents of the bytes objects in object columns, live rows
 
     @property
     def capacity(self) -> int:
@@ -51,6 +55,21 @@ class ColumnarStorage:
 
     def __len__(self) -> int:
         return min(self._num_inserted, self._capacity)
+
+    @property
+    def array_row_bytes(self) -> int:
+        """Bytes of one row in the numeric (non-object) columns."""
+        return sum(
+            _row_items(c) * c.itemsize for c in self._columns.values() if not c.dtype.hasobject
+        )
+
+    @property
+    def nbytes(self) -> int:
+        """Memory the stored rows take: numeric columns, plus the bytes objects of object
+        columns (e.g. compressed observations) with their pointers and Python object headers."""
+        objects = sum(_row_items(c) for c in self._columns.values() if c.dtype.hasobject)
+        per_row = self.array_row_bytes + objects * (8 + _BYTES_HEADER)
+        return len(self) * per_row + self._object_bytes
 
     def validate(self, batch: Mapping[str, np.ndarray]) -> tuple[dict[str, np.ndarray], int]:
         """Check ``batch`` against the schema (or that it can found one); return arrays and rows."""
@@ -88,6 +107,11 @@ class ColumnarStorage:
         slots = ids % self._capacity
         keep = slice(max(0, rows - self._capacity), rows)
         for name, column in self._columns.items():
+            if column.dtype.hasobject:
+                live = slots[keep][self._insert_ids[slots[keep]] >= 0]
+                self._object_bytes += _content_bytes(arrays[name][keep]) - _content_bytes(
+                    column[live]
+                )
             column[slots[keep]] = arrays[name][keep]
         self._insert_ids[slots[keep]] = ids[keep]
         self._num_inserted += rows
@@ -120,10 +144,13 @@ class ColumnarStorage:
                 raise ValueError(f"state column {name!r} must have {size} rows")
         self._columns = {}
         self._insert_ids[:] = -1
+        self._object_bytes = 0
         if columns:
             self._allocate(columns)
             for name, column in columns.items():
                 self._columns[name][:size] = column
+                if self._columns[name].dtype.hasobject:
+                    self._object_bytes += _content_bytes(self._columns[name][:size])
         self._insert_ids[:size] = insert_ids
         self._num_inserted = int(state["num_inserted"])
         self._key_base = int(state["key_base"])
@@ -152,3 +179,12 @@ class ColumnarStorage:
                     f"batch[{name!r}] has dtype {array.dtype}, which cannot be stored as "
                     f"{column.dtype} (the replay schema)"
                 )
+
+
+def _content_bytes(objects: np.ndarray) -> int:
+    """Total ``len`` of the bytes objects in an object array (0 for entries that are None)."""
+    return sum(len(x) for x in objects.ravel() if x is not None)
+
+
+def _row_items(column: np.ndarray) -> int:
+    return int(np.prod(column.shape[1:], dtype=np.int64))

@@ -2,8 +2,8 @@
 
 ``save`` writes each shard as it is when the request reaches it (actors may go on inserting
 meanwhile); the manifest records the config and each shard's saved size and insert count.
-``restore`` checks the manifest against the running replay's shard count, capacity, alpha and eps
-before any shard loads. A shard that is restarting is asked again until ``timeout_s``.
+``restore`` checks the manifest against the running replay's shard count, capacity, alpha, eps and
+compression before any shard loads. A shard that is restarting is asked again until ``timeout_s``.
 """
 
 from __future__ import annotations
@@ -48,3 +48,10 @@ def check_manifest(config: DistributedReplayConfig, path: str) -> None:
                 f"checkpoint at {path!r} has {name}={manifest[name]!r}, this replay has "
                 f"{name}={getattr(config, name)!r}"
             )
+    # JSON turned the ObsCompression into a dict (its tuple into a list): compare that way
+    mine = json.loads(json.dumps(asdict(config)["compression"]))
+    if manifest.get("compression") != mine:
+        raise ValueError(
+            f"checkpoint at {path!r} has compression={manifest.get('compression')!r}, this "
+            f"replay has compression={mine!r} (rows cannot be re-encoded on restore)"
+        )

@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 
+from rl_dist_ext.replay import compression as codec
 from rl_dist_ext.replay.distributed import checkpoints
 from rl_dist_ext.replay.distributed.config import DistributedReplayConfig
 from rl_dist_ext.replay.distributed.inserts import Inserter
@@ -105,6 +106,9 @@ class DistributedReplay:
             priorities: ``[B]`` raw priorities (e.g. actor-computed ``|TD error|``) or ``None``.
             count: what this insert counts for the shard's rate limiter (default ``B``; a
                 multi-agent actor counts the env steps, see ``rl_dist_ext.gorila.actor``).
+
+        With ``config.compression`` set, the batch's compressed columns are compressed here
+        (on the actor) and the shard stores the blobs.
         """
         if count is not None:
             count = check_int("count", count, 0)
@@ -118,7 +122,9 @@ class DistributedReplay:
             if priorities.shape != (rows,):
                 raise ValueError(f"priorities must have shape ({rows},), got {priorities.shape}")
         self._shards.poll()
-        self._inserter.add(dict(batch), priorities, rows, count)
+        compression = self._config.compression
+        sent = dict(batch) if compression is None else codec.pack(dict(batch), compression)
+        self._inserter.add(sent, priorities, rows, count)
 
     def sample(self, batch_size: int, *, beta: float = 0.4) -> ReplaySample:
         """A prioritized batch from one shard, with importance weights normalised over all shards.

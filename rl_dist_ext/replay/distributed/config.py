@@ -9,6 +9,7 @@ from typing import Any
 
 from rl_dist_ext.ops.priorities import validate_alpha_eps
 from rl_dist_ext.replay import snapshot
+from rl_dist_ext.replay.compression import ObsCompression
 from rl_dist_ext.replay.rate_limiter import RateLimit
 from rl_dist_ext.replay.shard import ShardSpec
 from rl_dist_ext.validation import check_int
@@ -33,6 +34,8 @@ class DistributedReplayConfig:
 
     ``capacity`` and ``min_size_to_sample`` are totals over all shards (split evenly);
     ``samples_per_insert`` and ``error_buffer`` apply to each shard's own inserts and samples.
+    ``compression`` (pixel observations, see :mod:`rl_dist_ext.replay.compression`): clients
+    compress before sending, shards store the blobs and decompress when sampling.
     """
 
     num_shards: int = 2
@@ -56,6 +59,7 @@ class DistributedReplayConfig:
     retry_down_shard_after_s: float = 1.0
     status_refresh_s: float = 1.0
     seed: int | None = None
+    compression: ObsCompression | None = None
 
     def __post_init__(self) -> None:
         check_int("num_shards", self.num_shards, 1)
@@ -98,6 +102,11 @@ class DistributedReplayConfig:
         if self.seed is not None:
             check_int("seed", self.seed, 0)
         self.rate_limit()  # validates samples_per_insert / error_buffer
+        if self.compression is not None and not isinstance(self.compression, ObsCompression):
+            raise TypeError(
+                "compression must be an ObsCompression or None, got "
+                f"{type(self.compression).__name__}"
+            )
 
     @property
     def capacity_per_shard(self) -> int:
@@ -127,6 +136,7 @@ class DistributedReplayConfig:
                 snapshot_every_inserts=self.snapshot_every_inserts,
                 snapshot_every_s=self.snapshot_every_s,
                 timeout_s=self.timeout_s,
+                compression=self.compression,
             )
             for i in range(self.num_shards)
         ]

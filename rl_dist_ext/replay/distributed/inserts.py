@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from rl_dist_ext.replay.compression import PackedRows
 from rl_dist_ext.replay.distributed.config import ReplayTimeout, ReplayUnavailable
 from rl_dist_ext.replay.distributed.shards import ShardSet, actor_errors
 from rl_dist_ext.replay.shard import RateLimitTimeout
@@ -27,7 +28,7 @@ class PendingAdd:
 
     ref: Any
     shard: int
-    batch: dict[str, np.ndarray]
+    batch: dict[str, np.ndarray] | PackedRows
     priorities: np.ndarray | None
     rows: int
     count: int | None  # what the add counts for the rate limiter (None: its rows)
@@ -44,7 +45,7 @@ class Inserter:
 
     def add(
         self,
-        batch: dict[str, np.ndarray],
+        batch: dict[str, np.ndarray] | PackedRows,
         priorities: np.ndarray | None,
         rows: int,
         count: int | None = None,

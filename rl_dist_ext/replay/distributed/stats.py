@@ -50,10 +50,13 @@ class ReplayStats:
         insert_rate, sample_rate = self._rates
         first = sampler.first_sample_time
         sampling_for = now - first if first is not None else 0.0
+        size = sum(s.size for s in alive)
+        storage_bytes = sum(s.storage_bytes for s in alive)
+        raw_row_bytes = max((s.uncompressed_row_bytes for s in alive), default=0)
         return {
             "num_shards": shards.num_shards,
             "shards_alive": len(alive),
-            "size": sum(s.size for s in alive),
+            "size": size,
             "size_per_shard": [s.size if s is not None else None for s in statuses],
             "capacity": config.capacity,
             "num_inserted": inserted,
@@ -72,4 +75,10 @@ class ReplayStats:
             "shard_failures": shards.shard_failures,
             "priority_updates_lost": priorities.updates_lost,
             "adds_rerouted": inserter.adds_rerouted,
+            # memory: what the stored rows take, per row, and how much smaller than uncompressed
+            "storage_bytes": storage_bytes,
+            "bytes_per_transition": storage_bytes / size if size else 0.0,
+            "compression_ratio": (
+                raw_row_bytes * size / storage_bytes if storage_bytes and raw_row_bytes else 1.0
+            ),
         }

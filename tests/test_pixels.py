@@ -1,0 +1,278 @@
+"""Pixel observations end to end: the Atari and MinAtar env makers, uint8 from the env through
+actors, replay (stored compressed) and learner to the network's first layer, and short training
+runs of GorilaDQN on Atari and MinAtar in both frameworks (tiny budgets: they check wiring, not
+learning)."""
+
+from __future__ import annotations
+
+import functools
+
+import gymnasium as gym
+import numpy as np
+import pytest
+import torch
+
+from rl_dist_ext.pixel_envs import make_atari, make_minatar
+from rl_dist_ext.replay import ObsCompression
+
+pytest.importorskip("ale_py")
+pytest.importorskip("minatar")
+
+
+# ---- env makers ----------------------------------------------------------------------------------
+def test_atari_frames_are_uint8_stacks_and_training_rewards_are_clipped():
+    env = make_atari("ALE/Pong-v5")
+    obs, _ = env.reset(seed=0)
+    assert env.observation_space == gym.spaces.Box(0, 255, (4, 84, 84), np.uint8)
+    assert obs.dtype == np.uint8 and obs.shape == (4, 84, 84)
+    rewards = []
+    for _ in range(300):
+        obs, reward, terminated, truncated, _ = env.step(env.action_space.sample())
+        rewards.append(reward)
+        if terminated or truncated:
+            break
+    assert set(rewards) <= {-1.0, 0.0, 1.0}
+    # consecutive stacks share three frames (the stack moves by one each step)
+    prev = obs
+    obs, *_ = env.step(0)
+    np.testing.assert_array_equal(obs[:3], prev[1:])
+    env.close()
+    last = make_atari("ALE/Pong-v5", channels_last=True)
+    assert last.observation_space.shape == (84, 84, 4)
+    assert last.reset(seed=0)[0].shape == (84, 84, 4)
+    last.close()
+
+
+def test_minatar_observations_are_uint8_channels():
+    env = make_minatar("breakout")
+    obs, _ = env.reset(seed=0)
+    assert env.observation_space == gym.spaces.Box(0, 1, (4, 10, 10), np.uint8)
+    assert obs.dtype == np.uint8 and set(np.unique(obs)) <= {0, 1}
+    env.close()
+    assert make_minatar("breakout", channels_last=True).observation_space.shape == (10, 10, 4)
+
+
+def test_env_makers_refuse_unknown_games():
+    with pytest.raises(ValueError, match="ALE id"):
+        make_atari("Pong-v5")
+    with pytest.raises(ValueError, match="game must be one of"):
+        make_minatar("pong")
+
+
+# ---- Tianshou ------------------------------------------------------------------------------------
+def test_tianshou_pixel_networks_scale_uint8_at_the_first_layer():
+    from tianshou_plugins.pixels import MinAtarQNet, pixel_q_network
+
+    space = gym.spaces.Box(0, 255, (4, 84, 84), np.uint8)
+    net = pixel_q_network(space, gym.spaces.Discrete(6))
+    convs = [m for m in net.modules() if isinstance(m, torch.nn.Conv2d)]
+    assert [(c.out_channels, c.kernel_size, c.stride) for c in convs] == [
+        (32, (8, 8), (4, 4)),
+        (64, (4, 4), (2, 2)),
+        (64, (3, 3), (1, 1)),
+    ]
+    frames = np.random.default_rng(0).integers(0, 256, (2, 4, 84, 84), dtype=np.uint8)
+    q_uint8, _ = net(torch.as_tensor(frames))
+    q_float, _ = net.module(torch.as_tensor(frames / 255.0, dtype=torch.float32))
+    torch.testing.assert_close(q_uint8, q_float)
+    small = pixel_q_network(gym.spaces.Box(0, 1, (4, 10, 10), np.uint8), gym.spaces.Discrete(3))
+    assert isinstance(small.module, MinAtarQNet)
+    assert small(np.zeros((5, 4, 10, 10), np.uint8))[0].shape == (5, 3)
+    with pytest.raises(ValueError, match="uint8 Box"):
+        pixel_q_network(gym.spaces.Box(0, 1, (4,), np.float32), gym.spaces.Discrete(2))
+
+
+@pytest.mark.ray
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "env_factory",
+    [
+        functools.partial(make_minatar, "breakout"),
+        functools.partial(make_atari, "ALE/Pong-v5"),
+    ],
+    ids=["minatar", "atari"],
+)
+def test_tianshou_gorila_trains_on_pixels_with_compressed_uint8_replay(ray_session, env_factory):
+    from tianshou.algorithm.modelfree.dqn import DiscreteQLearningPolicy
+    from tianshou.algorithm.optim import AdamOptimizerFactory
+    from tianshou.trainer import OffPolicyTrainerParams
+
+    from tianshou_plugins import DistributedPrioritizedReplayBuffer, GorilaCollector, GorilaDQN
+    from tianshou_plugins.pixels import pixel_q_network
+
+    env = env_factory()
+    torch.manual_seed(0)
+    policy = DiscreteQLearningPolicy(
+        model=pixel_q_network(env.observation_space, env.action_space),
+        action_space=env.action_space,
+    )
+    env.close()
+    algo = GorilaDQN(
+        policy=policy, optim=AdamOptimizerFactory(lr=1e-4), gamma=0.99, n_step_return_horizon=3
+    )
+    buffer = DistributedPrioritizedReplayBuffer(
+        2_000,
+        num_shards=1,
+        min_size_to_sample=100,
+        num_cpus_per_shard=0.05,
+        seed=0,
+        compression=ObsCompression(),
+    )
+    collector = None
+    try:
+        collector = GorilaCollector(
+            algo,
+            env_factory=env_factory,
+            buffer=buffer,
+            num_actors=2,
+            envs_per_actor=1,
+            steps_per_env=32,
+            weight_sync_every_n_steps=64,
+            num_cpus_per_actor=0.1,
+            seed=0,
+        )
+        result = algo.run_training(
+            OffPolicyTrainerParams(
+                training_collector=collector,
+                max_epochs=1,
+                epoch_num_steps=256,
+                collection_step_num_env_steps=64,
+                update_step_num_gradient_steps_per_sample=0.1,
+                batch_size=16,
+                show_progress=False,
+            )
+        )
+        assert result.train_step >= 256 and result.update_step > 0
+        sample = buffer.client.sample(8)
+        assert sample.batch["obs"].dtype == np.uint8
+        assert sample.batch["next_obs"].dtype == np.uint8
+        stats = buffer.client.stats(wait=True)
+        assert stats["compression_ratio"] > 5, stats
+    finally:
+        if collector is not None:
+            collector.close()
+        buffer.close()
+
+
+# ---- RLlib ---------------------------------------------------------------------------------------
+def test_rllib_module_gets_the_nature_cnn_and_scales_uint8_inside():
+    from ray.rllib.core.columns import Columns
+
+    from rllib_plugins import GorilaDQNConfig
+
+    space = gym.spaces.Box(0, 255, (84, 84, 4), np.uint8)
+    config = GorilaDQNConfig().environment(
+        observation_space=space, action_space=gym.spaces.Discrete(6)
+    )
+    module = config.get_rl_module_spec().build()
+    convs = [m for m in module.modules() if isinstance(m, torch.nn.Conv2d)]
+    assert [(c.out_channels, c.kernel_size, c.stride) for c in convs][:3] == [
+        (32, (8, 8), (4, 4)),
+        (64, (4, 4), (2, 2)),
+        (64, (3, 3), (1, 1)),
+    ]
+    frames = np.random.default_rng(0).integers(0, 256, (2, 84, 84, 4), dtype=np.uint8)
+    with torch.no_grad():
+        q_uint8 = module.compute_q_values({Columns.OBS: torch.as_tensor(frames)})
+        as_floats = torch.as_tensor(frames / 255.0, dtype=torch.float32)
+        q_float = module.compute_q_values({Columns.OBS: as_floats})
+    torch.testing.assert_close(q_uint8["qf_preds"], q_float["qf_preds"])
+
+
+@pytest.mark.ray
+@pytest.mark.slow
+@pytest.mark.parametrize("env", ["minatar:breakout", "ALE/Pong-v5"], ids=["minatar", "atari"])
+def test_rllib_gorila_trains_on_pixels_with_compressed_uint8_replay(ray_session, env):
+    from rllib_plugins import GorilaDQNConfig
+    from rllib_plugins.pixels import pixel_env
+
+    config = (
+        GorilaDQNConfig()
+        .environment(pixel_env(env))
+        .env_runners(num_env_runners=2, num_cpus_per_env_runner=0.1, num_envs_per_env_runner=1)
+        .learners(num_learners=0)
+        .resources(num_cpus_for_main_process=0.2)
+        .training(
+            lr=1e-4,
+            n_step=3,
+            train_batch_size=16,
+            env_steps_per_request=64,
+            updates_per_iteration=4,
+            weight_sync_every_n_steps=128,
+        )
+        .replay(
+            num_shards=1,
+            capacity=2_000,
+            min_size_to_sample=100,
+            num_cpus_per_shard=0.05,
+            samples_per_insert=None,
+            compression=ObsCompression(),
+        )
+        .reporting(min_sample_timesteps_per_iteration=128)
+        .debugging(seed=0)
+    )
+    algo = config.build_algo()
+    try:
+        for _ in range(2):
+            result = algo.train()
+        gorila = result["gorila"]
+        assert gorila["learner_weights_version"] > 0
+        assert gorila["replay_compression_ratio"] > 5, gorila
+        assert 0 < gorila["replay_bytes_per_transition"] < 2 * 4 * 84 * 84 / 5
+        sample = algo.replays[next(iter(algo.replays))].sample(4)
+        assert sample.batch["obs"].dtype == np.uint8
+    finally:
+        algo.stop()
+
+
+def test_rllib_vtrace_module_scales_uint8_inside_and_uses_the_nature_cnn():
+    from ray.rllib.core.columns import Columns
+
+    from rllib_plugins import VTraceConfig
+    from rllib_plugins.pixels import PixelPPOTorchRLModule
+
+    space = gym.spaces.Box(0, 255, (84, 84, 4), np.uint8)
+    config = VTraceConfig().environment(
+        observation_space=space, action_space=gym.spaces.Discrete(6)
+    )
+    module = config.get_rl_module_spec().build()
+    assert isinstance(module, PixelPPOTorchRLModule)
+    convs = [m for m in module.modules() if isinstance(m, torch.nn.Conv2d)]
+    assert [(c.out_channels, c.kernel_size, c.stride) for c in convs][:3] == [
+        (32, (8, 8), (4, 4)),
+        (64, (4, 4), (2, 2)),
+        (64, (3, 3), (1, 1)),
+    ]
+    frames = np.random.default_rng(0).integers(0, 256, (2, 84, 84, 4), dtype=np.uint8)
+    as_floats = torch.as_tensor(frames / 255.0, dtype=torch.float32)
+    with torch.no_grad():
+        a = module.forward_train({Columns.OBS: torch.as_tensor(frames)})
+        b = module.forward_train({Columns.OBS: as_floats})
+        values = module.compute_values({Columns.OBS: torch.as_tensor(frames)})
+    torch.testing.assert_close(a[Columns.ACTION_DIST_INPUTS], b[Columns.ACTION_DIST_INPUTS])
+    torch.testing.assert_close(values, module.compute_values({Columns.OBS: as_floats}))
+
+
+@pytest.mark.ray
+@pytest.mark.slow
+def test_rllib_vtrace_trains_on_minatar(ray_session):
+    from rllib_plugins import VTraceConfig
+    from rllib_plugins.pixels import pixel_env
+
+    config = (
+        VTraceConfig()
+        .environment(pixel_env("minatar:breakout"))
+        .env_runners(num_env_runners=1, num_envs_per_env_runner=2, num_cpus_per_env_runner=0.1)
+        .training(lr=5e-4, train_batch_size_per_learner=200)
+        .reporting(min_sample_timesteps_per_iteration=200)
+        .debugging(seed=0)
+    )
+    algo = config.build_algo()
+    try:
+        updated = 0
+        for _ in range(4):
+            result = algo.train()
+            updated = result["learners"]["__all_modules__"].get("num_module_steps_trained", 0)
+        assert updated > 0, result["learners"]
+    finally:
+        algo.stop()
