@@ -19,6 +19,17 @@ pytest.importorskip("ale_py")
 pytest.importorskip("minatar")
 
 
+def assert_nature_convs(network: torch.nn.Module) -> None:
+    """The Nature DQN convolutions (Mnih et al. 2015): 32 8x8/4, 64 4x4/2, 64 3x3/1 (first, in
+    networks with a second encoder, e.g. a separate value encoder)."""
+    convs = [m for m in network.modules() if isinstance(m, torch.nn.Conv2d)]
+    assert [(c.out_channels, c.kernel_size, c.stride) for c in convs][:3] == [
+        (32, (8, 8), (4, 4)),
+        (64, (4, 4), (2, 2)),
+        (64, (3, 3), (1, 1)),
+    ]
+
+
 # ---- env makers ----------------------------------------------------------------------------------
 def test_atari_frames_are_uint8_stacks_and_training_rewards_are_clipped():
     env = make_atari("ALE/Pong-v5")
@@ -65,12 +76,7 @@ def test_tianshou_pixel_networks_scale_uint8_at_the_first_layer():
 
     space = gym.spaces.Box(0, 255, (4, 84, 84), np.uint8)
     net = pixel_q_network(space, gym.spaces.Discrete(6))
-    convs = [m for m in net.modules() if isinstance(m, torch.nn.Conv2d)]
-    assert [(c.out_channels, c.kernel_size, c.stride) for c in convs] == [
-        (32, (8, 8), (4, 4)),
-        (64, (4, 4), (2, 2)),
-        (64, (3, 3), (1, 1)),
-    ]
+    assert_nature_convs(net)
     frames = np.random.default_rng(0).integers(0, 256, (2, 4, 84, 84), dtype=np.uint8)
     q_uint8, _ = net(torch.as_tensor(frames))
     q_float, _ = net.module(torch.as_tensor(frames / 255.0, dtype=torch.float32))
@@ -165,12 +171,7 @@ def test_rllib_module_gets_the_nature_cnn_and_scales_uint8_inside():
         observation_space=space, action_space=gym.spaces.Discrete(6)
     )
     module = config.get_rl_module_spec().build()
-    convs = [m for m in module.modules() if isinstance(m, torch.nn.Conv2d)]
-    assert [(c.out_channels, c.kernel_size, c.stride) for c in convs][:3] == [
-        (32, (8, 8), (4, 4)),
-        (64, (4, 4), (2, 2)),
-        (64, (3, 3), (1, 1)),
-    ]
+    assert_nature_convs(module)
     frames = np.random.default_rng(0).integers(0, 256, (2, 84, 84, 4), dtype=np.uint8)
     with torch.no_grad():
         q_uint8 = module.compute_q_values({Columns.OBS: torch.as_tensor(frames)})
@@ -237,12 +238,7 @@ def test_rllib_vtrace_module_scales_uint8_inside_and_uses_the_nature_cnn():
     )
     module = config.get_rl_module_spec().build()
     assert isinstance(module, PixelPPOTorchRLModule)
-    convs = [m for m in module.modules() if isinstance(m, torch.nn.Conv2d)]
-    assert [(c.out_channels, c.kernel_size, c.stride) for c in convs][:3] == [
-        (32, (8, 8), (4, 4)),
-        (64, (4, 4), (2, 2)),
-        (64, (3, 3), (1, 1)),
-    ]
+    assert_nature_convs(module)
     frames = np.random.default_rng(0).integers(0, 256, (2, 84, 84, 4), dtype=np.uint8)
     as_floats = torch.as_tensor(frames / 255.0, dtype=torch.float32)
     with torch.no_grad():
