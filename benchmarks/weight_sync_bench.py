@@ -57,7 +57,7 @@ def nature_net(frames: np.ndarray) -> torch.nn.Module:
     optim = torch.optim.Adam(net.parameters(), lr=1e-3)
     x = torch.as_tensor(frames[:64] / 255.0, dtype=torch.float32)
     for _ in range(20):
-        loss = (net(x)[0] - torch.randn(64, 6)).pow(2).mean()
+        loss = (net(x)[0] - torch.randn(len(x), 6)).pow(2).mean()
         optim.zero_grad()
         loss.backward()
         optim.step()

@@ -216,7 +216,7 @@ def test_tianshou_gorila_vs_dqn_bench_writes_json_and_table(tmp_path):
         "--envs-per-actor",
         "2",
         "--throughput-actors",
-        "2",
+        "1",
         "--throughput-seconds",
         "2",
         "--throughput-warmup-seconds",
@@ -234,7 +234,7 @@ def test_tianshou_gorila_vs_dqn_bench_writes_json_and_table(tmp_path):
         assert reached is None or reached <= run["trained_seconds"]
     summary = result["summary"]["CartPole-v1"]
     assert summary["ratio_bound"] in {"=", "<", ">", "n/a"}
-    assert [row["num_actors"] for row in result["throughput"]] == [2]
+    assert [row["num_actors"] for row in result["throughput"]] == [1]
     assert all(row["env_steps_per_s"] > 0 for row in result["throughput"])
     assert result["throughput"][0]["efficiency"] == 1.0
     assert "| CartPole-v1 | 0 |" in (tmp_path / "tianshou_gorila_vs_dqn.md").read_text()
@@ -374,18 +374,17 @@ def test_central_inference_bench_writes_json_and_table(tmp_path):
         assert (row["server"] is None) == (row["mode"] == "local")
         if row["server"] is not None:
             assert row["server"]["mean_batch_requests"] >= 1.0
-            # a request carries both envs of its runner
-            assert row["server"]["mean_batch_rows"] == pytest.approx(
-                2 * row["server"]["mean_batch_requests"]
-            )
+            # an acting request carries both envs of its runner; a priority request (Q-values
+            # of a pushed rollout's transitions) carries more
+            assert row["server"]["mean_batch_rows"] >= 2 * row["server"]["mean_batch_requests"]
     assert {(r["runners"], r["mode"]) for r in result["ratios"]} == {
         (2, m) for m in modes - {"local"}
     }
     assert set(result["targets"]["met"]) == {
-        f"rl_dist_ext/minatar:breakout, 2 env(s) per runner, {m}" for m in modes - {"local"}
+        f"minatar:breakout, 2 env(s) per runner, {m}" for m in modes - {"local"}
     }
     table = (tmp_path / "central_inference_bench.md").read_text()
-    assert "| rl_dist_ext/minatar:breakout | 2 | 2 | central |" in table
+    assert "| minatar:breakout | 2 | 2 | central |" in table
 
 
 def test_pixel_replay_bench_writes_json_and_table(tmp_path):
