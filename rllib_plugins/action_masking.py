@@ -31,8 +31,9 @@ from ray.rllib.algorithms.dqn.torch.default_dqn_torch_rl_module import DefaultDQ
 from ray.rllib.core.columns import Columns
 from ray.rllib.core.rl_module.torch.torch_rl_module import TorchRLModule
 
+from rl_dist_ext.observations import pixel_scale
 from rl_dist_ext.ops.dqn import epsilon_greedy_masked, mask_q_values, masked_argmax
-from rllib_plugins.pixels import pixel_model_config, pixel_scale, to_network_input
+from rllib_plugins.pixels import pixel_model_config, to_network_input
 
 OBSERVATION = "observation"
 ACTION_MASK = "action_mask"

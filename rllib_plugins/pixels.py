@@ -10,9 +10,9 @@ and the Nature CNN as the default encoder for 84x84 frames.
 - :func:`pixel_model_config`: RLlib's catalog picks ``[[16, 8, 4], [32, 4, 2], [256, 11, 1]]``
   for 84x84 inputs; GorilaDQN's module uses the Nature DQN sizes instead (32 8x8/4, 64 4x4/2,
   64 3x3/1; Mnih et al. 2015) unless ``model_config`` sets ``conv_filters``.
-- :func:`pixel_scale` / :func:`to_network_input`: uint8 observations travel and are stored as
-  uint8 and become floats in ``[0, 1]`` only inside the module (on the learner, the runner or
-  the inference server).
+- :func:`to_network_input` (with ``rl_dist_ext.observations.pixel_scale``): uint8 observations
+  travel and are stored as uint8 and become floats in ``[0, 1]`` only inside the module (on the
+  learner, the runner or the inference server).
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ import gymnasium as gym
 import numpy as np
 import torch
 
+from rl_dist_ext.observations import pixel_scale
 from rl_dist_ext.pixel_envs import make_atari, make_minatar
 
 #: Nature DQN convolutions as RLlib ``conv_filters``: [filters, kernel, stride, padding]
@@ -66,14 +67,6 @@ def is_pixel_space(space: gym.Space) -> bool:
     return (
         isinstance(space, gym.spaces.Box) and space.dtype == np.uint8 and len(space.shape) in (2, 3)
     )
-
-
-def pixel_scale(space: gym.Space) -> float | None:
-    """What a uint8 observation is multiplied by at the first layer (``1 / high``: 1/255 for
-    Atari frames, 1 for MinAtar's 0/1 channels), or ``None`` for other spaces."""
-    if not isinstance(space, gym.spaces.Box) or space.dtype != np.uint8:
-        return None
-    return 1.0 / float(np.max(space.high))
 
 
 def to_network_input(obs: Any, scale: float | None) -> Any:

@@ -22,6 +22,8 @@ from tianshou.env.atari.atari_network import DQNet, ScaledObsInputActionReprNet
 from tianshou.utils.net.common import ActionReprNetWithVectorOutput
 from torch import nn
 
+from rl_dist_ext.observations import pixel_scale
+
 
 class MinAtarQNet(ActionReprNetWithVectorOutput[Any]):
     """``[B, C, H, W]`` -> ``[B, A]`` Q-values: conv 16 3x3/1, ReLU, linear 128, ReLU, linear."""
@@ -62,4 +64,4 @@ def pixel_q_network(
     c, h, w = observation_space.shape
     actions = int(action_space.n)
     net = DQNet(c, h, w, actions) if min(h, w) >= 36 else MinAtarQNet(c, h, w, actions)
-    return ScaledObsInputActionReprNet(net, denom=float(np.max(observation_space.high)))
+    return ScaledObsInputActionReprNet(net, denom=1.0 / pixel_scale(observation_space))

@@ -177,14 +177,17 @@ def unpack(blobs: np.ndarray, layout: tuple[ColumnLayout, ...], codec: str) -> d
     out: dict[str, np.ndarray] = {}
     offset = 0
     for column in layout:
-        dtype = np.dtype(column.dtype)
-        size = int(np.prod(column.shape, dtype=np.int64)) * dtype.itemsize
+        size = _column_bytes(column)
         part = np.ascontiguousarray(flat[:, offset : offset + size])
-        out[column.name] = part.view(dtype).reshape(rows, *column.shape)
+        out[column.name] = part.view(np.dtype(column.dtype)).reshape(rows, *column.shape)
         offset += size
     return out
 
 
 def layout_row_bytes(layout: tuple[ColumnLayout, ...]) -> int:
     """Uncompressed bytes of one row's compressed columns."""
-    return sum(int(np.prod(c.shape, dtype=np.int64)) * np.dtype(c.dtype).itemsize for c in layout)
+    return sum(_column_bytes(c) for c in layout)
+
+
+def _column_bytes(column: ColumnLayout) -> int:
+    return int(np.prod(column.shape, dtype=np.int64)) * np.dtype(column.dtype).itemsize
