@@ -3,8 +3,10 @@
 Used by collectors that drive many acting processes asynchronously (Gorila actors): each actor
 has up to ``max_in_flight`` calls of ``method`` running; :meth:`ActorPool.wait` returns finished
 results as they come. A call that fails because its actor died is counted (``failures`` and
-``calls_lost``) and the actor gets new calls once Ray has restarted it. Works on any Ray actor
-handles; Ray is imported lazily so the module imports without it.
+``calls_lost``) and the actor gets new calls once Ray has restarted it; until one of them
+returns, the actor counts as down (:attr:`ActorPool.num_down`: an actor whose node is gone and
+that has nowhere to restart stays down, and the fleet runs degraded on the others). Works on
+any Ray actor handles; Ray is imported lazily so the module imports without it.
 """
 
 from __future__ import annotations
@@ -69,11 +71,17 @@ class ActorPool:
         self._on_failure = on_failure
         self._in_flight: dict[Any, int] = {}  # ObjectRef -> actor index
         self._paused_until = [0.0] * len(self._handles)
+        self._down = [False] * len(self._handles)
         self.stats = PoolStats(failures_per_actor=[0] * len(self._handles))
 
     @property
     def handles(self) -> list[Any]:
         return list(self._handles)
+
+    @property
+    def num_down(self) -> int:
+        """Actors whose last call was lost to their death and that have not answered since."""
+        return sum(self._down)
 
     def num_in_flight(self, actor_index: int | None = None) -> int:
         if actor_index is None:
@@ -124,11 +132,13 @@ class ActorPool:
             self.stats.calls_raised += 1
             raise
         self.stats.calls_done += 1
+        self._down[index] = False
         return PoolResult(index, value)
 
     def _lost(self, index: int, error: BaseException) -> None:
         self.stats.calls_lost += 1
         self.stats.failures_per_actor[index] += 1
+        self._down[index] = True
         self._paused_until[index] = time.monotonic() + self._retry_after_s
         if self._on_failure is not None:
             self._on_failure(index, error)

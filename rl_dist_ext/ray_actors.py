@@ -47,19 +47,27 @@ def start_replay_shard(
     num_cpus: float,
     placement_group: Any = None,
     bundle_index: int = -1,
+    strategy: str = "DEFAULT",
 ) -> ray.actor.ActorHandle:
-    """Start one replay shard actor, in ``placement_group`` (bundle ``bundle_index``) if given."""
-    return RemoteReplayShard.options(**_placement(num_cpus, placement_group, bundle_index)).remote(
-        spec
-    )
+    """Start one replay shard actor, in ``placement_group`` (bundle ``bundle_index``) if given,
+    else placed by Ray's ``strategy`` (``"DEFAULT"`` or ``"SPREAD"``)."""
+    options = _placement(num_cpus, placement_group, bundle_index, strategy=strategy)
+    return RemoteReplayShard.options(**options).remote(spec)
 
 
-def _placement(num_cpus: float, placement_group: Any, bundle_index: int) -> dict[str, Any]:
+def _placement(
+    num_cpus: float, placement_group: Any, bundle_index: int, *, strategy: str = "DEFAULT"
+) -> dict[str, Any]:
+    """Ray options: inside ``placement_group`` if given (its own strategy decides the nodes),
+    else Ray's scheduling ``strategy``. Ray restarts an actor whose node died on another node
+    that has the resources (in a placement group, once Ray has re-placed the lost bundle)."""
     options: dict[str, Any] = {"num_cpus": num_cpus}
     if placement_group is not None:
         options["scheduling_strategy"] = PlacementGroupSchedulingStrategy(
             placement_group=placement_group, placement_group_bundle_index=bundle_index
         )
+    elif strategy != "DEFAULT":
+        options["scheduling_strategy"] = strategy
     return options
 
 

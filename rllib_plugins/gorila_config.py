@@ -4,12 +4,13 @@ from __future__ import annotations
 
 from typing import Any
 
+import ray
 from ray.rllib.algorithms.dqn import DQNConfig
 from ray.rllib.utils.from_config import NotProvided
 
 from rl_dist_ext.replay import snapshot
 from rl_dist_ext.replay.compression import ObsCompression
-from rl_dist_ext.replay.distributed import DistributedReplayConfig
+from rl_dist_ext.replay.distributed import DistributedReplayConfig, check_snapshot_dir_reachable
 from rl_dist_ext.validation import check_int
 from rl_dist_ext.weight_compression import check_encoding
 from rllib_plugins.central_inference import CentralInferenceSettingsMixin
@@ -134,6 +135,7 @@ class GorilaDQNConfig(CentralInferenceSettingsMixin, DQNConfig):
         self.replay_snapshot_every_inserts: int | None = None
         self.replay_snapshot_dir: str | None = None
         self.replay_compression: ObsCompression | None = None
+        self.replay_shard_placement = "DEFAULT"
         self.checkpoint_replay = True
 
     def training(
@@ -187,9 +189,15 @@ class GorilaDQNConfig(CentralInferenceSettingsMixin, DQNConfig):
         snapshot_dir: str | None = NotProvided,
         snapshot_every_inserts: int | None = NotProvided,
         compression: ObsCompression | None = NotProvided,
+        shard_placement: str = NotProvided,
         checkpoint: bool = NotProvided,
     ) -> Self:
         """Settings of the sharded replay; ``checkpoint=False`` leaves it out of checkpoints.
+
+        ``shard_placement``: ``"DEFAULT"`` or ``"SPREAD"`` (shards on as many nodes as there
+        are) for ``config.build_algo()``. Under Tune the trial's placement group holds the
+        shards, placed by RLlib's ``config.resources(placement_strategy=...)`` ("PACK" by
+        default; "SPREAD" spreads all of the trial's bundles).
 
         ``compression``: store pixel observations compressed (runners compress, shards
         decompress when sampling), e.g. ``ObsCompression(columns=("obs", "next_obs"))``; see
@@ -270,6 +278,8 @@ class GorilaDQNConfig(CentralInferenceSettingsMixin, DQNConfig):
                 "use num_learners=0 (learner in the driver) or 1 (its own actor, e.g. on a GPU)"
             )
         self.replay_config()  # raises ValueError naming a bad replay field
+        if ray.is_initialized():  # else build_algo starts a one-node Ray: any path works
+            check_snapshot_dir_reachable(self.replay_snapshot_dir)
         self.validate_central_inference()
 
     def _match_env_runner_to_env(self) -> None:
@@ -338,6 +348,7 @@ class GorilaDQNConfig(CentralInferenceSettingsMixin, DQNConfig):
             snapshot_every_inserts=self.replay_snapshot_every_inserts,
             seed=seed,
             compression=self.replay_compression,
+            shard_placement=self.replay_shard_placement if placement_group is None else "DEFAULT",
         )
 
     @property

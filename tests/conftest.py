@@ -8,16 +8,60 @@ import time
 import pytest
 
 
-@pytest.fixture(scope="session")
-def ray_session():
-    """``ray.init(num_cpus=2)`` once per test session; shut down at the end."""
+def start_session_ray() -> None:
+    """The tests' one-node Ray session: 2 CPUs, no dashboard."""
     import ray
 
     os.environ.setdefault("RAY_DEDUP_LOGS", "1")
     if not ray.is_initialized():
         ray.init(num_cpus=2, include_dashboard=False, configure_logging=False)
+
+
+@pytest.fixture(scope="session")
+def ray_session():
+    """``ray.init(num_cpus=2)`` once per test session; shut down at the end."""
+    import ray
+
+    start_session_ray()
     yield ray
     ray.shutdown()
+
+
+#: GCS settings that notice a killed raylet within a few seconds (Ray's defaults take ~30 s).
+FAST_NODE_DEATH = {
+    "health_check_initial_delay_ms": 0,
+    "health_check_period_ms": 500,
+    "health_check_timeout_ms": 500,
+    "health_check_failure_threshold": 3,
+}
+
+
+@pytest.fixture(scope="module")
+def ray_nodes():
+    """A Ray cluster of several raylets on this machine (``ray.cluster_utils.Cluster``): a
+    head with 1 CPU that the driver joins; tests add and remove worker nodes. The one-node
+    session (if it was running) is stopped meanwhile and started again afterwards."""
+    import ray
+    from ray.cluster_utils import Cluster
+
+    resume = ray.is_initialized()
+    ray.shutdown()
+    nodes = Cluster(
+        initialize_head=True,
+        head_node_args={
+            "num_cpus": 1,
+            "include_dashboard": False,
+            "_system_config": FAST_NODE_DEATH,
+        },
+    )
+    ray.init(address=nodes.address, configure_logging=False)
+    try:
+        yield nodes
+    finally:
+        ray.shutdown()
+        nodes.shutdown()
+        if resume:
+            start_session_ray()
 
 
 def alive_actor_count() -> int:

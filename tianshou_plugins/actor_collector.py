@@ -21,6 +21,7 @@ the next ``collect()``; actors wait out the restart.
 
 from __future__ import annotations
 
+import logging
 import time
 from abc import abstractmethod
 from collections.abc import Callable
@@ -42,6 +43,8 @@ from tianshou_plugins.central_inference import CentralInference, Kind, TianshouP
 
 if TYPE_CHECKING:
     from rl_dist_ext.ray_actors import InferenceServerHandle, ParameterServerClient
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(kw_only=True)
@@ -165,6 +168,7 @@ class RayActorCollector(BaseCollector[TStats], Generic[TStats]):
         self._timeout_s = float(fleet.timeout_s)
         self._last_return_time: float | None = None  # set by the first collect()
         self._ready_at_start = 0  # finished rollouts waiting when the last collect() began
+        self._actors_down = 0  # as of the last collect(): warn when it changes
 
     def _start(self, actor_cls: type, actor_kwargs: Callable[[int], dict[str, Any]]) -> None:
         """Start the weights server (or, in SEED mode, the inference server) and the actors
@@ -342,9 +346,28 @@ class RayActorCollector(BaseCollector[TStats], Generic[TStats]):
                 "num_actors": self.fleet.num_actors,
                 "failures": pool.failures,
                 "rollouts_lost": pool.calls_lost,
+                **self._health(),
             },
             "inference": self._inference_stats(),
         }
+
+    def _health(self) -> dict[str, int]:
+        """Actors down (lost, not answering since) and ``degraded`` (1 while any is), with a
+        warning when that changes (e.g. a lost node whose actors have nowhere to restart)."""
+        down = self._actor_pool.num_down
+        if down != self._actors_down:
+            if down:
+                log.warning(
+                    "%s runs degraded: %d of %d actors are down (restarting, or waiting for "
+                    "resources to restart on); collecting goes on with the others",
+                    self.name,
+                    down,
+                    self.fleet.num_actors,
+                )
+            else:
+                log.warning("%s: all %d actors are up again", self.name, self.fleet.num_actors)
+            self._actors_down = down
+        return {"down": down, "degraded": int(down > 0)}
 
     def _inference_stats(self) -> dict[str, float]:
         if self.env.inference is None:

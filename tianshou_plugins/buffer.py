@@ -48,6 +48,8 @@ class DistributedPrioritizedReplayBuffer:
         seed: seeds the shards' samplers.
         compression: store pixel observations compressed (actors compress, shards decompress
             when sampling), e.g. ``ObsCompression()``; see ``rl_dist_ext.replay.compression``.
+        shard_placement: ``"DEFAULT"`` (Ray fills the local node first) or ``"SPREAD"`` (shards
+            on as many nodes as there are: a lost node takes fewest shards with it).
     """
 
     def __init__(
@@ -69,6 +71,7 @@ class DistributedPrioritizedReplayBuffer:
         timeout_s: float = 60.0,
         seed: int | None = None,
         compression: ObsCompression | None = None,
+        shard_placement: str = "DEFAULT",
     ) -> None:
         self._config = DistributedReplayConfig(
             num_shards=num_shards,
@@ -86,6 +89,7 @@ class DistributedPrioritizedReplayBuffer:
             timeout_s=timeout_s,
             seed=seed,
             compression=compression,
+            shard_placement=shard_placement,
         )
         self.set_beta(beta)
         self._replay: DistributedReplay | None = None

@@ -2,6 +2,11 @@
 
 A snapshot is one pickle (protocol 5) of a shard's ``state_dict``. Writes go to a temporary name
 first and are then moved into place, so a reader never sees a half-written file.
+
+Where snapshots live decides what survives: a shard restarted on another node reads its snapshot
+there, so on a cluster of several machines the snapshot directory must be storage every node
+reaches (an ``s3://``/``gs://``/``hdfs://`` URI, or a local path that is a shared mount such as
+NFS). A plain local directory only works when every node runs on one machine.
 """
 
 from __future__ import annotations
@@ -17,6 +22,19 @@ def _filesystem(uri: str):
     if "://" in uri:
         return pafs.FileSystem.from_uri(uri)
     return pafs.LocalFileSystem(), str(Path(uri).expanduser().resolve())
+
+
+def is_local(uri: str) -> bool:
+    """Whether ``uri`` names a local path (no ``scheme://``; ``file://`` counts as local)."""
+    return "://" not in uri or uri.startswith("file://")
+
+
+def resolve(uri: str) -> str:
+    """``uri`` with a local path made absolute (against this process's working directory), so
+    that actors started in other directories or on other nodes name the same place."""
+    if "://" in uri:
+        return uri
+    return str(Path(uri).expanduser().resolve())
 
 
 def join(uri: str, name: str) -> str:

@@ -44,7 +44,7 @@ config, so it pickles: actors and learners each get their own copy.
 Global keys are ``shard_key * num_shards + shard_index``.
 """
 
-from rl_dist_ext.replay.distributed.client import DistributedReplay
+from rl_dist_ext.replay.distributed.client import DistributedReplay, check_snapshot_dir_reachable
 from rl_dist_ext.replay.distributed.config import (
     DistributedReplayConfig,
     ReplayTimeout,
@@ -58,4 +58,5 @@ __all__ = [
     "RateLimitTimeout",
     "ReplayTimeout",
     "ReplayUnavailable",
+    "check_snapshot_dir_reachable",
 ]

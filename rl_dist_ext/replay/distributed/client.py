@@ -8,12 +8,14 @@ functions of :mod:`~.checkpoints`. It holds only actor handles and its config wh
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
 
 from rl_dist_ext.replay import compression as codec
+from rl_dist_ext.replay import snapshot
 from rl_dist_ext.replay.distributed import checkpoints
 from rl_dist_ext.replay.distributed.config import DistributedReplayConfig
 from rl_dist_ext.replay.distributed.inserts import Inserter
@@ -23,6 +25,8 @@ from rl_dist_ext.replay.distributed.stats import ReplayStats
 from rl_dist_ext.replay.prioritized import ReplaySample
 from rl_dist_ext.replay.shard import ShardStatus
 from rl_dist_ext.validation import check_int
+
+log = logging.getLogger(__name__)
 
 
 class DistributedReplay:
@@ -44,6 +48,7 @@ class DistributedReplay:
 
         if not ray.is_initialized():
             ray.init()
+        check_snapshot_dir_reachable(config.snapshot_dir)
         if config.placement_group is None:
             check_resources_fit(
                 f"the replay (num_shards={config.num_shards} x num_cpus_per_shard="
@@ -57,6 +62,7 @@ class DistributedReplay:
                 num_cpus=config.num_cpus_per_shard,
                 placement_group=config.placement_group,
                 bundle_index=-1 if config.bundle_indices is None else config.bundle_indices[i],
+                strategy=config.shard_placement,
             )
             for i, spec in enumerate(config.shard_specs())
         ]
@@ -222,3 +228,34 @@ def _rebuild(config: DistributedReplayConfig, handles: list) -> DistributedRepla
     client = DistributedReplay.__new__(DistributedReplay)
     client._setup(config, handles)
     return client
+
+
+def check_snapshot_dir_reachable(snapshot_dir: str | None) -> None:
+    """Refuse a relative local ``snapshot_dir`` on a Ray cluster of several nodes; warn about
+    an absolute local one (it must be a shared mount). Needs Ray to be initialized.
+
+    A shard restarted on another node reads its snapshot there (see
+    :mod:`rl_dist_ext.replay.snapshot`); a relative path names a different place on every node.
+    """
+    if snapshot_dir is None or not snapshot.is_local(snapshot_dir):
+        return
+    import ray
+
+    nodes = sum(1 for node in ray.nodes() if node.get("Alive"))
+    if nodes <= 1:
+        return
+    path = snapshot_dir.removeprefix("file://")
+    if not path.startswith(("/", "~")):
+        raise ValueError(
+            f"snapshot_dir={snapshot_dir!r} is a relative local path, but the Ray cluster has "
+            f"{nodes} nodes: a shard restarted on another node could not find its snapshot. "
+            "Give storage every node reaches: a pyarrow.fs URI (s3://..., gs://..., hdfs://...) "
+            "or an absolute path on a shared mount"
+        )
+    log.warning(
+        "snapshot_dir=%r is a local path on a Ray cluster of %d nodes: shards restarted on "
+        "another node find their snapshots only if it is a shared mount (NFS) or all nodes run "
+        "on this machine; otherwise use a pyarrow.fs URI such as s3://...",
+        snapshot_dir,
+        nodes,
+    )

@@ -28,6 +28,12 @@ def _positive_or_none(name: str, value: Any) -> None:
         raise ValueError(f"{name} must be > 0 or None, got {value!r}")
 
 
+#: Ray scheduling strategies for shards started outside a placement group: ``"DEFAULT"``
+#: (Ray's hybrid policy: fill the local node first) or ``"SPREAD"`` (one shard per node as far
+#: as nodes go, so that losing a node loses fewest shards and the shards' traffic is spread).
+SHARD_PLACEMENTS = ("DEFAULT", "SPREAD")
+
+
 @dataclass(frozen=True, kw_only=True)
 class DistributedReplayConfig:
     """Settings of a :class:`DistributedReplay`, validated when built (before any actor starts).
@@ -60,6 +66,7 @@ class DistributedReplayConfig:
     status_refresh_s: float = 1.0
     seed: int | None = None
     compression: ObsCompression | None = None
+    shard_placement: str = "DEFAULT"
 
     def __post_init__(self) -> None:
         check_int("num_shards", self.num_shards, 1)
@@ -102,6 +109,15 @@ class DistributedReplayConfig:
         if self.seed is not None:
             check_int("seed", self.seed, 0)
         self.rate_limit()  # validates samples_per_insert / error_buffer
+        if self.shard_placement not in SHARD_PLACEMENTS:
+            raise ValueError(
+                f"shard_placement must be one of {SHARD_PLACEMENTS}, got {self.shard_placement!r}"
+            )
+        if self.shard_placement != "DEFAULT" and self.placement_group is not None:
+            raise ValueError(
+                "shard_placement applies outside a placement group only; with placement_group "
+                "set, the group's own strategy places the shards"
+            )
         if self.compression is not None and not isinstance(self.compression, ObsCompression):
             raise TypeError(
                 "compression must be an ObsCompression or None, got "
@@ -131,7 +147,7 @@ class DistributedReplayConfig:
                 snapshot_uri=(
                     None
                     if self.snapshot_dir is None
-                    else snapshot.join(self.snapshot_dir, f"shard_{i}.pkl")
+                    else snapshot.join(snapshot.resolve(self.snapshot_dir), f"shard_{i}.pkl")
                 ),
                 snapshot_every_inserts=self.snapshot_every_inserts,
                 snapshot_every_s=self.snapshot_every_s,
