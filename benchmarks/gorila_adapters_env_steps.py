@@ -52,13 +52,12 @@ SETTINGS = {
 TARGET_RATIO = 1.5
 
 
-def rllib_run(seed: int, max_env_steps: int) -> dict:
+def rllib_run(seed: int, max_env_steps: int, s: dict, test_every: int, test_episodes: int) -> dict:
     from ray.rllib.core.rl_module.default_model_config import DefaultModelConfig
 
     from rllib_plugins import GorilaDQNConfig
     from rllib_plugins.evaluation import greedy_return
 
-    s = SETTINGS
     config = (
         GorilaDQNConfig()
         .environment("CartPole-v1")
@@ -91,16 +90,16 @@ def rllib_run(seed: int, max_env_steps: int) -> dict:
     )
     algo = config.build_algo()
     tests: list[tuple[int, float]] = []
-    env_steps, next_test, reached = 0, TEST_EVERY, None
+    env_steps, next_test, reached = 0, test_every, None
     started = time.perf_counter()
     try:
         while env_steps < max_env_steps and reached is None:
             result = algo.train()
             env_steps = int(result["env_runners"].get("num_env_steps_sampled_lifetime", 0))
             if env_steps >= next_test:
-                next_test += TEST_EVERY
+                next_test += test_every
                 score = greedy_return(
-                    algo.get_module(), "CartPole-v1", episodes=TEST_EPISODES, seed=50_000 + seed
+                    algo.get_module(), "CartPole-v1", episodes=test_episodes, seed=50_000 + seed
                 )
                 tests.append((env_steps, round(score, 1)))
                 if score >= TARGET:
@@ -117,7 +116,9 @@ def rllib_run(seed: int, max_env_steps: int) -> dict:
     }
 
 
-def tianshou_run(seed: int, max_env_steps: int) -> dict:
+def tianshou_run(
+    seed: int, max_env_steps: int, s: dict, test_every: int, test_episodes: int
+) -> dict:
     from tianshou.algorithm.optim import AdamOptimizerFactory
     from tianshou_gorila_vs_dqn import (
         RunClock,
@@ -129,7 +130,6 @@ def tianshou_run(seed: int, max_env_steps: int) -> dict:
 
     from tianshou_plugins import DistributedPrioritizedReplayBuffer, GorilaCollector, GorilaDQN
 
-    s = SETTINGS
     buffer = DistributedPrioritizedReplayBuffer(
         s["capacity"],
         num_shards=2,
@@ -172,7 +172,7 @@ def tianshou_run(seed: int, max_env_steps: int) -> dict:
             collector,
             test,
             clock,
-            SimpleNamespace(epoch_steps=TEST_EVERY),
+            SimpleNamespace(epoch_steps=test_every),
             collection_step_num_env_steps=256,
             update_step_num_gradient_steps_per_sample=s["samples_per_insert"] / s["batch_size"],
             batch_size=s["batch_size"],
@@ -203,16 +203,23 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--max-env-steps", type=int, default=150_000)
+    parser.add_argument("--actors", type=int, default=SETTINGS["actors"])
+    parser.add_argument("--envs-per-actor", type=int, default=SETTINGS["envs_per_actor"])
+    parser.add_argument("--test-every", type=int, default=TEST_EVERY)
+    parser.add_argument("--test-episodes", type=int, default=TEST_EPISODES)
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args()
     torch.set_num_threads(1)
+    settings = SETTINGS | {"actors": args.actors, "envs_per_actor": args.envs_per_actor}
 
     adapters = {"RLlib": rllib_run, "Tianshou": tianshou_run}
     runs = race_each_in_fresh_ray(
         ["CartPole-v1"],
         args.seeds,
         list(adapters),
-        lambda name, _env, seed: adapters[name](seed, args.max_env_steps),
+        lambda name, _env, seed: adapters[name](
+            seed, args.max_env_steps, settings, args.test_every, args.test_episodes
+        ),
     )["CartPole-v1"]
 
     rllib = median_steps(runs["RLlib"], args.max_env_steps)
@@ -221,7 +228,7 @@ def main() -> None:
         "benchmark": "gorila_adapters_env_steps",
         "date": time.strftime("%Y-%m-%d %H:%M:%S"),
         "machine": {"cpus": os.cpu_count(), "platform": platform.platform()},
-        "params": vars(args) | {"out": str(args.out), "settings": SETTINGS, "target": TARGET},
+        "params": vars(args) | {"out": str(args.out), "settings": settings, "target": TARGET},
         "runs": runs,
         "summary": {
             "rllib_median_env_steps": rllib,
@@ -239,10 +246,10 @@ def main() -> None:
     lines = [
         "# GorilaDQN, RLlib adapter vs Tianshou adapter: env steps to greedy return >= 450",
         "",
-        f"CartPole-v1, matched settings (see the script's docstring: {SETTINGS['actors']} actors "
-        f"x {SETTINGS['envs_per_actor']} envs, [128, 128] MLP, lr {SETTINGS['lr']}, batch "
-        f"{SETTINGS['batch_size']}, {SETTINGS['samples_per_insert']:g} samples per insert), "
-        f"tests of {TEST_EPISODES} greedy episodes every {TEST_EVERY:,} env steps, seeds "
+        f"CartPole-v1, matched settings (see the script's docstring: {settings['actors']} actors "
+        f"x {settings['envs_per_actor']} envs, [128, 128] MLP, lr {settings['lr']}, batch "
+        f"{settings['batch_size']}, {settings['samples_per_insert']:g} samples per insert), "
+        f"tests of {args.test_episodes} greedy episodes every {args.test_every:,} env steps, seeds "
         f"{args.seeds}, {result['machine']['cpus']} CPUs, one run ({result['date']} UTC).",
         "",
         "| seed | RLlib env steps | samples/insert | Tianshou env steps | samples/insert |",

@@ -15,12 +15,12 @@ from __future__ import annotations
 
 import argparse
 import logging
-import os
 import time
 from pathlib import Path
 
 import ray
 import torch
+from ray_cluster import add_address_argument, start_ray
 
 from rllib_plugins.evaluation import greedy_return
 
@@ -81,10 +81,11 @@ def main() -> None:
     parser.add_argument("--target-evals", type=int, default=3, help="in a row, to stop early")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, default=Path("runs/rllib_gorila"))
+    add_address_argument(parser)
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S")
     torch.set_num_threads(1)
-    ray.init(num_cpus=max(2, os.cpu_count() or 2), include_dashboard=False)
+    start_ray(args.address)
 
     import rllib_plugins  # noqa: F401  (registers "GorilaDQN")
 

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import logging
-import os
 import time
 from pathlib import Path
 
@@ -26,6 +25,7 @@ import ray
 import torch
 from pettingzoo.classic import tictactoe_v3
 from ray.tune.registry import register_env
+from ray_cluster import add_address_argument, start_ray
 
 from rl_dist_ext.games import play_against_random
 from rllib_plugins import GorilaDQNConfig, PettingZooCreator
@@ -95,10 +95,11 @@ def main() -> None:
     parser.add_argument("--central-inference", action="store_true")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, default=Path("runs/rllib_multi_agent"))
+    add_address_argument(parser)
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S")
     torch.set_num_threads(1)
-    ray.init(num_cpus=max(2, os.cpu_count() or 2), include_dashboard=False)
+    start_ray(args.address)
     register_env(ENV, PettingZooCreator(tictactoe_v3.env))
 
     algo = build_config(args).build_algo()

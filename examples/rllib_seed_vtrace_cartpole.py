@@ -20,12 +20,12 @@ from __future__ import annotations
 import argparse
 import logging
 import math
-import os
 import time
 from pathlib import Path
 
 import ray
 import torch
+from ray_cluster import add_address_argument, start_ray
 
 from rllib_plugins.evaluation import greedy_return
 
@@ -143,10 +143,11 @@ def main() -> None:
     parser.add_argument("--target-return", type=float, default=450.0)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, default=Path("runs/rllib_seed_vtrace"))
+    add_address_argument(parser)
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S")
     torch.set_num_threads(1)
-    ray.init(num_cpus=max(2, os.cpu_count() or 2), include_dashboard=False)
+    start_ray(args.address)
 
     import rllib_plugins  # noqa: F401  (registers "VTrace")
 

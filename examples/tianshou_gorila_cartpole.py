@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import logging
 import math
-import os
 import time
 from pathlib import Path
 
@@ -25,6 +24,7 @@ import gymnasium as gym
 import numpy as np
 import ray
 import torch
+from ray_cluster import add_address_argument, start_ray
 from tianshou.algorithm.modelfree.dqn import DiscreteQLearningPolicy
 from tianshou.algorithm.optim import AdamOptimizerFactory
 from tianshou.trainer import OffPolicyTrainerParams
@@ -61,12 +61,13 @@ def main() -> None:
     parser.add_argument("--target-return", type=float, default=475.0)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, default=Path("runs/tianshou_gorila"))
+    add_address_argument(parser)
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S")
     torch.set_num_threads(1)
     torch.manual_seed(args.seed)
     np.random.seed(args.seed)
-    ray.init(num_cpus=max(2, os.cpu_count() or 2), include_dashboard=False)
+    start_ray(args.address)
 
     env = make_env()
     net = Net(

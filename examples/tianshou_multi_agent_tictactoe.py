@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import logging
 import math
-import os
 import time
 from pathlib import Path
 
@@ -30,6 +29,7 @@ import numpy as np
 import ray
 import torch
 from pettingzoo.classic import tictactoe_v3
+from ray_cluster import add_address_argument, start_ray
 from tianshou.algorithm.modelfree.dqn import DiscreteQLearningPolicy
 from tianshou.algorithm.optim import AdamOptimizerFactory
 from tianshou.algorithm.random import MARLRandomDiscreteMaskedOffPolicyAlgorithm
@@ -72,12 +72,13 @@ def main() -> None:
     parser.add_argument("--target-return", type=float, default=0.8, help="learner's mean result")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, default=Path("runs/tianshou_multi_agent"))
+    add_address_argument(parser)
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S")
     torch.set_num_threads(1)
     torch.manual_seed(args.seed)
     np.random.seed(args.seed)
-    ray.init(num_cpus=max(2, os.cpu_count() or 2), include_dashboard=False)
+    start_ray(args.address)
 
     env = ENV()
     net = Net(state_shape=(3, 3, 2), action_shape=9, hidden_sizes=[64, 64])

@@ -3,7 +3,15 @@
 from __future__ import annotations
 
 import numbers
+import sys
 from typing import Any
+
+
+def is_torch_tensor(value: Any) -> bool:
+    """Whether ``value`` is a ``torch.Tensor``, without importing torch: processes that only
+    move numpy arrays (replay shards, the weights server) never pay torch's import."""
+    torch = sys.modules.get("torch")
+    return torch is not None and isinstance(value, torch.Tensor)
 
 
 def check_int(name: str, value: Any, low: int) -> int:

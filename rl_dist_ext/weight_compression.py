@@ -22,7 +22,8 @@ from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import numpy as np
-import torch
+
+from rl_dist_ext.validation import is_torch_tensor
 
 ENCODINGS = ("fp32", "fp16", "int8")
 
@@ -66,7 +67,7 @@ def decode_weights(weights: Any) -> Any:
 
 
 def _is_float(leaf: Any) -> bool:
-    if isinstance(leaf, torch.Tensor):
+    if is_torch_tensor(leaf):
         return leaf.is_floating_point()
     return isinstance(leaf, np.ndarray) and leaf.dtype.kind == "f"
 
@@ -88,20 +89,24 @@ def _map_leaves(tree: Any, fn: Callable[[Any], Any]) -> Any:
 
 
 def _to_fp16(leaf: Any) -> Any:
-    if isinstance(leaf, torch.Tensor):
+    if is_torch_tensor(leaf):
+        import torch
+
         return leaf.detach().to("cpu", torch.float16)
     return leaf.astype(np.float16)
 
 
 def _from_fp16(leaf: Any) -> Any:
-    if isinstance(leaf, torch.Tensor):
+    if is_torch_tensor(leaf):
+        import torch
+
         return leaf.to(torch.float32)
     return leaf.astype(np.float32)
 
 
 def _to_int8(leaf: Any) -> Int8Tensor:
-    is_torch = isinstance(leaf, torch.Tensor)
-    array = leaf.detach().to("cpu", torch.float32).numpy() if is_torch else np.asarray(leaf)
+    is_torch = is_torch_tensor(leaf)
+    array = leaf.detach().float().cpu().numpy() if is_torch else np.asarray(leaf)
     array = array.astype(np.float32, copy=False)
     peak = float(np.abs(array).max()) if array.size else 0.0
     scale = peak / 127.0 if peak > 0 else 1.0
@@ -113,4 +118,8 @@ def _from_int8(leaf: Any) -> Any:
     if not isinstance(leaf, Int8Tensor):
         return leaf
     restored = leaf.values.astype(np.float32) * np.float32(leaf.scale)
-    return torch.from_numpy(restored) if leaf.torch_tensor else restored
+    if not leaf.torch_tensor:
+        return restored
+    import torch  # weights that were tensors go to a process that uses torch
+
+    return torch.from_numpy(restored)

@@ -272,11 +272,6 @@ class GorilaDQNConfig(CentralInferenceSettingsMixin, DQNConfig):
             )
         if self.noisy:
             raise ValueError("noisy=True is not supported by GorilaDQN (it explores by epsilon)")
-        if self.num_learners > 1:
-            raise ValueError(
-                f"num_learners={self.num_learners}: GorilaDQN has one central learner; "
-                "use num_learners=0 (learner in the driver) or 1 (its own actor, e.g. on a GPU)"
-            )
         self.replay_config()  # raises ValueError naming a bad replay field
         if ray.is_initialized():  # else build_algo starts a one-node Ray: any path works
             check_snapshot_dir_reachable(self.replay_snapshot_dir)

@@ -6,6 +6,10 @@ updates -> publish every P); this class only translates: replay rows to an RLlib
 to the shared importance-weighted double-DQN loss (``rl_dist_ext.ops.dqn.double_dqn_loss``), and
 RLlib's ``after_gradient_based_update`` hook to the core's clock.
 
+Several learners (``num_learners > 1``): RLlib's learner group runs N copies in lock step with
+torch DDP averaging their gradients; each samples its own prioritized batches and updates their
+priorities, and the first learner alone publishes weights (:meth:`connect`).
+
 Multi-agent: one replay per trained module; every update samples a batch from each and takes
 one step over all of them (RLlib's learner sums the modules' losses), and each module's TD
 errors go back to its own replay (``GorilaLearner.update_modules``).
@@ -92,10 +96,19 @@ class GorilaDQNTorchLearner(GorilaLearnerCounters, OptimizeTrainedModulesOnly, D
     # ---- wiring -------------------------------------------------------------------------------
     def connect(self, replays: dict[str, Any], parameter_server, inference_server=None) -> int:
         """Hand over the replay clients (trained module id -> replay), the weights server and
-        (SEED mode) the inference server; publish the current weights."""
-        return self.gorila.connect(
-            replays=replays, weights=WeightsSinks(parameter_server, inference_server)
-        )
+        (SEED mode) the inference server; publish the current weights.
+
+        With ``num_learners > 1`` (data-parallel learners: RLlib wraps the modules in torch DDP,
+        which averages the gradients, so every learner holds the same weights) each learner
+        samples its own batches and sends its own priorities; only the first learner publishes
+        weights, so that one version goes out per update."""
+        sink = WeightsSinks(parameter_server, inference_server) if self.is_first_learner else None
+        return self.gorila.connect(replays=replays, weights=sink)
+
+    @property
+    def is_first_learner(self) -> bool:
+        """Rank 0 of the data-parallel learners (the only learner when there is one)."""
+        return not torch.distributed.is_initialized() or torch.distributed.get_rank() == 0
 
     def publish_weights(self, *, new_version: bool = False) -> int:
         return self.gorila.publish(new_version=new_version)

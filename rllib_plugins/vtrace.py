@@ -36,10 +36,7 @@ from ray.rllib.env.multi_agent_env_runner import MultiAgentEnvRunner
 from ray.rllib.env.single_agent_env_runner import SingleAgentEnvRunner
 from ray.rllib.utils.from_config import NotProvided
 from ray.rllib.utils.metrics import (
-    ALL_MODULES,
     ENV_RUNNER_RESULTS,
-    LEARNER_RESULTS,
-    NUM_ENV_STEPS_TRAINED_LIFETIME,
     NUM_TRAINING_STEP_CALLS_SINCE_LAST_SYNCH_WORKER_WEIGHTS,
 )
 from ray.tune.execution.placement_groups import PlacementGroupFactory
@@ -230,9 +227,8 @@ class VTrace(IMPALA):
         # SEED mode: the runners hold no weights, so IMPALA never broadcasts them; the
         # learner's weights go to the inference server instead, after every step.
         self._counters[NUM_TRAINING_STEP_CALLS_SINCE_LAST_SYNCH_WORKER_WEIGHTS] = 0
-        trained = self._env_steps_trained()
         super().training_step()
-        if self._env_steps_trained() > trained:  # the learner updated: new weights
+        if self._learner_version() > self._inference.version:  # the learner updated
             self._inference.push_weights(self.learner_group)
         version = self._inference.version
         stats = self._inference.stats()
@@ -240,9 +236,12 @@ class VTrace(IMPALA):
         stats["policy_lag"] = policy_lag(version, [used]).mean  # nan until a runner reported
         self.metrics.log_dict(stats, key=METRICS_KEY, window=1)
 
-    def _env_steps_trained(self) -> float:
-        key = (LEARNER_RESULTS, ALL_MODULES, NUM_ENV_STEPS_TRAINED_LIFETIME)
-        return float(self.metrics.peek(key, default=0))
+    def _learner_version(self) -> int:
+        """The learners' weights version (with several learners, all in lock step: the first
+        one's), asked of the learner itself: with remote learners IMPALA reports their results
+        asynchronously, so the trained-steps metric can lag or be absent."""
+        results = self.learner_group.foreach_learner(lambda learner: learner.weights_clock.version)
+        return int(results.result_or_errors[0].get())
 
     def restore_env_runners(self, env_runner_group) -> list[int]:
         restored = super().restore_env_runners(env_runner_group)

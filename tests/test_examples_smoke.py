@@ -186,7 +186,7 @@ def test_tianshou_vtrace_vs_ppo_bench_writes_json_and_table(tmp_path):
         "--epoch-steps",
         "1000",
         "--actors",
-        "2",
+        "1",
         "--envs-per-actor",
         "2",
         "--out",
@@ -212,7 +212,7 @@ def test_tianshou_gorila_vs_dqn_bench_writes_json_and_table(tmp_path):
         "--epoch-steps",
         "1000",
         "--actors",
-        "2",
+        "1",
         "--envs-per-actor",
         "2",
         "--throughput-actors",
@@ -276,14 +276,22 @@ def test_gorila_adapters_env_steps_bench_writes_json_and_table(tmp_path):
         "--seeds",
         "0",
         "--max-env-steps",
-        "1000",
+        "1200",
+        "--actors",
+        "1",
+        "--envs-per-actor",
+        "2",
+        "--test-every",
+        "1200",
+        "--test-episodes",
+        "2",
         "--out",
         str(tmp_path),
     )
     result = json.loads((tmp_path / "gorila_adapters_env_steps.json").read_text())
     for adapter in ("RLlib", "Tianshou"):
         (run,) = result["runs"][adapter]
-        assert run["env_steps"] >= 1000
+        assert run["env_steps"] >= 1200
         assert run["env_steps_to_target"] is None or run["env_steps_to_target"] <= run["env_steps"]
     assert result["summary"]["ratio"] > 0
     assert "| 0 |" in (tmp_path / "gorila_adapters_env_steps.md").read_text()
@@ -320,7 +328,7 @@ def test_rllib_vtrace_vs_appo_bench_writes_json_and_table(tmp_path):
         "vtrace-central",
         "impala",
         "--runners",
-        "2",
+        "1",
         "--envs-per-runner",
         "2",
         "--max-seconds",
@@ -354,7 +362,7 @@ def test_central_inference_bench_writes_json_and_table(tmp_path):
         "--envs",
         "minatar:breakout",
         "--runners",
-        "2",
+        "1",
         "--envs-per-runner",
         "2",
         "--seconds",
@@ -368,7 +376,7 @@ def test_central_inference_bench_writes_json_and_table(tmp_path):
     modes = {"local", "central"}
     modes |= {"central-gpu"} if result["machine"]["gpu"] else set()
     rows = result["results"]
-    assert {(r["runners"], r["mode"]) for r in rows} == {(2, m) for m in modes}
+    assert {(r["runners"], r["mode"]) for r in rows} == {(1, m) for m in modes}
     for row in rows:
         assert row["env_steps_per_s"] > 0
         assert (row["server"] is None) == (row["mode"] == "local")
@@ -378,13 +386,13 @@ def test_central_inference_bench_writes_json_and_table(tmp_path):
             # of a pushed rollout's transitions) carries more
             assert row["server"]["mean_batch_rows"] >= 2 * row["server"]["mean_batch_requests"]
     assert {(r["runners"], r["mode"]) for r in result["ratios"]} == {
-        (2, m) for m in modes - {"local"}
+        (1, m) for m in modes - {"local"}
     }
     assert set(result["targets"]["met"]) == {
         f"minatar:breakout, 2 env(s) per runner, {m}" for m in modes - {"local"}
     }
     table = (tmp_path / "central_inference_bench.md").read_text()
-    assert "| minatar:breakout | 2 | 2 | central |" in table
+    assert "| minatar:breakout | 2 | 1 | central |" in table
 
 
 def test_pixel_replay_bench_writes_json_and_table(tmp_path):

@@ -84,7 +84,6 @@ def test_registered_with_tune_and_rllib(ray_session):
         (lambda c: c.replay(min_size_to_sample=10**9), "min_size_to_sample"),
         (lambda c: c.replay(batches_per_request=0), "batches_per_request"),
         (lambda c: c.env_runners(num_env_runners=0), "num_env_runners"),
-        (lambda c: c.learners(num_learners=2), "num_learners"),
     ],
 )
 def test_bad_config_values_raise_on_validate(change, match):

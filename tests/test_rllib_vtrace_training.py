@@ -58,12 +58,12 @@ def train_until_threshold(
 
 
 def test_vtrace_in_seed_mode_learns_cartpole_within_env_step_budget(ray_session):
-    """Greedy return >= 150 within 150k env steps, checked after every iteration. (Local
+    """Greedy return >= 150 within 150k env steps, checked every 5k env steps. (Local
     inference learns in the defaults test below, which runs it as a new user would.)"""
     # VTraceConfig's default value-loss weight (small_config's 0.5 is IMPALA's Atari one)
     algorithm = small_config(central=True, vf_loss_coeff=0.05).build_algo()
     try:
-        scores, result = train_until_threshold(algorithm, VTRACE_BUDGET_ENV_STEPS)
+        scores, result = train_until_threshold(algorithm, VTRACE_BUDGET_ENV_STEPS, 5_000)
         assert result["central_inference"]["version"] > 1  # the server got learned weights
     finally:
         algorithm.stop()

@@ -11,12 +11,17 @@ errors become priorities is :mod:`rl_dist_ext.ops.dqn`.
 
 from __future__ import annotations
 
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 import numpy as np
-import torch
 
-ArrayT = TypeVar("ArrayT", np.ndarray, torch.Tensor)
+from rl_dist_ext.validation import is_torch_tensor
+
+if TYPE_CHECKING:
+    import torch
+
+# torch is not imported at run time: the replay shards use these functions on numpy arrays.
+ArrayT = TypeVar("ArrayT", np.ndarray, "torch.Tensor")
 
 
 def td_priorities(td_errors: ArrayT, *, alpha: float = 0.6, eps: float = 1e-6) -> ArrayT:
@@ -31,7 +36,7 @@ def td_priorities(td_errors: ArrayT, *, alpha: float = 0.6, eps: float = 1e-6) -
         Same shape and kind (numpy or torch) as ``td_errors``.
     """
     validate_alpha_eps(alpha, eps)
-    if isinstance(td_errors, torch.Tensor):
+    if is_torch_tensor(td_errors):
         return (td_errors.detach().abs() + eps) ** alpha
     return (np.abs(np.asarray(td_errors, dtype=np.float64)) + eps) ** alpha
 

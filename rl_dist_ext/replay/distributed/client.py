@@ -175,11 +175,14 @@ class DistributedReplay:
     def save(self, path: str) -> None:
         """Write every shard (rows, priorities, keys, counters) and a manifest under ``path``
         (dir or URI); see :mod:`~rl_dist_ext.replay.distributed.checkpoints`."""
+        check_snapshot_dir_reachable(path, what="checkpoint path", refuse_relative=False)
         self.flush()
-        checkpoints.save(self._shards, path)
+        checkpoints.save(self._shards, snapshot.resolve(path))
 
     def restore(self, path: str) -> None:
         """Load every shard from :meth:`save` output; shard count, capacity and alpha must match."""
+        check_snapshot_dir_reachable(path, what="checkpoint path", refuse_relative=False)
+        path = snapshot.resolve(path)
         checkpoints.check_manifest(self._config, path)
         self._replace_contents(
             "restore", lambda i, h: h.restore.remote(checkpoints.shard_file(path, i))
@@ -230,11 +233,15 @@ def _rebuild(config: DistributedReplayConfig, handles: list) -> DistributedRepla
     return client
 
 
-def check_snapshot_dir_reachable(snapshot_dir: str | None) -> None:
-    """Refuse a relative local ``snapshot_dir`` on a Ray cluster of several nodes; warn about
-    an absolute local one (it must be a shared mount). Needs Ray to be initialized.
+def check_snapshot_dir_reachable(
+    snapshot_dir: str | None, *, what: str = "snapshot_dir", refuse_relative: bool = True
+) -> None:
+    """Refuse a relative local path on a Ray cluster of several nodes (unless
+    ``refuse_relative=False``: checkpoint paths, which are resolved on the caller); warn about
+    any other local one (it must be a shared mount). Needs Ray to be initialized.
 
-    A shard restarted on another node reads its snapshot there (see
+    Every shard reads and writes its own file: a shard restarted on another node reads its
+    snapshot there, and a checkpoint's shard files land on the shards' nodes (see
     :mod:`rl_dist_ext.replay.snapshot`); a relative path names a different place on every node.
     """
     if snapshot_dir is None or not snapshot.is_local(snapshot_dir):
@@ -245,17 +252,18 @@ def check_snapshot_dir_reachable(snapshot_dir: str | None) -> None:
     if nodes <= 1:
         return
     path = snapshot_dir.removeprefix("file://")
-    if not path.startswith(("/", "~")):
+    if refuse_relative and not path.startswith(("/", "~")):
         raise ValueError(
-            f"snapshot_dir={snapshot_dir!r} is a relative local path, but the Ray cluster has "
-            f"{nodes} nodes: a shard restarted on another node could not find its snapshot. "
-            "Give storage every node reaches: a pyarrow.fs URI (s3://..., gs://..., hdfs://...) "
+            f"{what}={snapshot_dir!r} is a relative local path, but the Ray cluster has "
+            f"{nodes} nodes, and every replay shard reads and writes its own file there. Give "
+            "storage every node reaches: a pyarrow.fs URI (s3://..., gs://..., hdfs://...) "
             "or an absolute path on a shared mount"
         )
     log.warning(
-        "snapshot_dir=%r is a local path on a Ray cluster of %d nodes: shards restarted on "
-        "another node find their snapshots only if it is a shared mount (NFS) or all nodes run "
-        "on this machine; otherwise use a pyarrow.fs URI such as s3://...",
+        "%s=%r is a local path on a Ray cluster of %d nodes: every replay shard reads and "
+        "writes its own file there, which works only if it is a shared mount (NFS) or all "
+        "nodes run on this machine; otherwise use a pyarrow.fs URI such as s3://...",
+        what,
         snapshot_dir,
         nodes,
     )

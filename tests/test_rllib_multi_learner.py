@@ -1,0 +1,159 @@
+"""GorilaDQN with two data-parallel RLlib learners (torch DDP on gloo, CPU).
+
+Each learner samples its own prioritized batch and sends its own priorities; DDP averages the
+gradients, so one synchronous step must leave both learners with the weights a single learner
+reaches by stepping on the union of their batches (same starting weights and Adam state). With
+``beta=0`` the importance weights are all 1, so the union's mean loss has exactly the average
+of the two learners' gradients.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+pytestmark = [pytest.mark.ray, pytest.mark.slow]
+
+ray = pytest.importorskip("ray")
+
+
+def two_learner_config():
+    from test_rllib_gorila import small_config
+
+    return (
+        small_config(updates_per_iteration=8)
+        .env_runners(num_env_runners=1, num_cpus_per_env_runner=0.2, num_envs_per_env_runner=4)
+        .learners(num_learners=2, num_cpus_per_learner=0.4)
+        .resources(num_cpus_for_main_process=0.3)
+        .replay(beta=0.0, min_size_to_sample=300)
+    )
+
+
+def test_two_learners_step_like_one_learner_on_the_union_of_their_batches(ray_session):
+    from ray.rllib.core import DEFAULT_MODULE_ID
+    from ray.rllib.policy.sample_batch import MultiAgentBatch
+    from ray.rllib.utils.numpy import convert_to_numpy
+
+    from rllib_plugins.gorila_learner import replay_rows_to_batch
+
+    config = two_learner_config()
+    algorithm = config.build_algo()
+    try:
+        for _ in range(20):  # until the replay holds enough rows and learning has started
+            result = algorithm.train()
+            if result["gorila"]["learner_weights_version"] > 0:
+                break
+        version_before = result["gorila"]["learner_weights_version"]
+        assert version_before > 0
+        before = algorithm.learner_group.get_state(components="learner")["learner"]
+
+        def one_recorded_update(learner):
+            """One train_from_replay step, recording what this learner sampled and the
+            priorities it sent (wrappers on this learner's own replay client)."""
+            import numpy as np
+            from ray.rllib.core import DEFAULT_MODULE_ID
+            from ray.rllib.utils.numpy import convert_to_numpy
+
+            client = learner.gorila.replays[DEFAULT_MODULE_ID]
+            seen = {}
+            sample, update = client.sample, client.update_priorities
+
+            def recording_sample(batch_size, **kwargs):
+                out = sample(batch_size, **kwargs)
+                seen["sample"] = (dict(out.batch), np.asarray(out.keys), np.asarray(out.weights))
+                return out
+
+            def recording_update(keys, priorities):
+                seen["priorities"] = (np.asarray(keys), np.asarray(priorities))
+                return update(keys, priorities)
+
+            client.sample, client.update_priorities = recording_sample, recording_update
+            try:
+                learner.train_from_replay(1, {})
+            finally:
+                del client.sample, client.update_priorities
+            weights = convert_to_numpy(learner.module[DEFAULT_MODULE_ID].unwrapped().state_dict())
+            return seen, weights, learner.gorila.weights_version, learner.is_first_learner
+
+        results = algorithm.learner_group.foreach_learner(one_recorded_update)
+        (seen_a, weights_a, version_a, first_a), (seen_b, weights_b, version_b, first_b) = [
+            r.get() for r in results.result_or_errors
+        ]
+        assert sorted([first_a, first_b]) == [False, True]
+        assert version_a == version_b == version_before + 1
+        # The two learners sampled different batches, and each sent priorities for its own.
+        rows_a, keys_a, w_a = seen_a["sample"]
+        rows_b, keys_b, w_b = seen_b["sample"]
+        assert not np.array_equal(keys_a, keys_b)
+        np.testing.assert_array_equal(seen_a["priorities"][0], keys_a)
+        np.testing.assert_array_equal(seen_b["priorities"][0], keys_b)
+        assert np.all(w_a == 1.0) and np.all(w_b == 1.0)  # beta=0
+        for name, value in weights_a.items():  # DDP kept the replicas identical
+            np.testing.assert_array_equal(value, weights_b[name])
+
+        # One learner, same state, one step on the union of the two batches.
+        import gymnasium as gym
+
+        reference = (
+            config.copy().learners(num_learners=0).build_learner(env=gym.make("CartPole-v1"))
+        )
+        reference.set_state(before)
+        union = {k: np.concatenate([rows_a[k], rows_b[k]]) for k in rows_a}
+        batch = MultiAgentBatch(
+            {DEFAULT_MODULE_ID: replay_rows_to_batch(union, np.concatenate([w_a, w_b]))},
+            env_steps=len(keys_a) + len(keys_b),
+        )
+        reference.update(batch=batch, timesteps={})
+        expected = convert_to_numpy(reference.module[DEFAULT_MODULE_ID].state_dict())
+        for name, value in expected.items():
+            np.testing.assert_allclose(weights_a[name], value, rtol=1e-5, atol=1e-6, err_msg=name)
+        # Each learner's priorities are |TD| of its rows under the pre-step weights.
+        td = reference._last_td_error[DEFAULT_MODULE_ID].detach().abs().numpy()
+        np.testing.assert_allclose(
+            np.concatenate([seen_a["priorities"][1], seen_b["priorities"][1]]), td, rtol=1e-4
+        )
+
+        # Training goes on with both learners in lock step: one version per synchronous update
+        # (not one per learner), and the runners act on published versions.
+        result = algorithm.train()
+        version = result["gorila"]["learner_weights_version"]
+        assert version >= version_a + config.updates_per_iteration
+        assert (version - version_a) % config.updates_per_iteration == 0
+        assert 0 <= result["gorila"]["policy_lag_max"] <= version
+    finally:
+        algorithm.stop()
+
+
+def test_vtrace_with_two_learners_trains_in_seed_mode_and_keeps_one_version(ray_session):
+    """VTrace on RLlib's learner group with two learners (RLlib shards each train batch over
+    them; DDP averages the gradients): both replicas hold the same weights and version after
+    training, and the SEED inference server serves that version."""
+    from ray.rllib.core import DEFAULT_MODULE_ID
+    from ray.rllib.utils.numpy import convert_to_numpy
+    from test_rllib_vtrace import small_config
+
+    algorithm = (
+        small_config(central=True)
+        .env_runners(num_env_runners=1)
+        .learners(num_learners=2, num_cpus_per_learner=0.4)
+        .build_algo()
+    )
+    try:
+        for _ in range(3):
+            result = algorithm.train()
+        replicas = algorithm.learner_group.foreach_learner(
+            lambda learner: (
+                learner.versioned_weights()[1],
+                convert_to_numpy(learner.module[DEFAULT_MODULE_ID].unwrapped().state_dict()),
+            )
+        )
+        (version_a, weights_a), (version_b, weights_b) = [
+            r.get() for r in replicas.result_or_errors
+        ]
+        assert version_a == version_b > 0
+        for name, value in weights_a.items():
+            np.testing.assert_array_equal(value, weights_b[name], err_msg=name)
+        assert result["central_inference"]["version"] > 0
+        assert result["env_runners"]["num_env_steps_sampled_lifetime"] > 0
+    finally:
+        algorithm.stop()
