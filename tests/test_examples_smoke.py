@@ -182,7 +182,7 @@ def test_tianshou_vtrace_vs_ppo_bench_writes_json_and_table(tmp_path):
         "--baseline-layouts",
         "dummy:2",
         "--max-seconds",
-        "5",
+        "3",
         "--epoch-steps",
         "1000",
         "--actors",
@@ -208,7 +208,7 @@ def test_tianshou_gorila_vs_dqn_bench_writes_json_and_table(tmp_path):
         "--envs",
         "CartPole-v1",
         "--max-seconds",
-        "5",
+        "3",
         "--epoch-steps",
         "1000",
         "--actors",
@@ -252,9 +252,9 @@ def test_rllib_gorila_vs_dqn_bench_writes_json_and_table(tmp_path):
         "--dqn-layouts",
         "driver-1env",
         "--max-seconds",
-        "6",
+        "4",
         "--eval-every-s",
-        "3",
+        "2",
         "--out",
         str(tmp_path),
     )
@@ -332,9 +332,9 @@ def test_rllib_vtrace_vs_appo_bench_writes_json_and_table(tmp_path):
         "--envs-per-runner",
         "2",
         "--max-seconds",
-        "8",
-        "--eval-every-s",
         "4",
+        "--eval-every-s",
+        "2",
         "--out",
         str(tmp_path),
     )
@@ -515,3 +515,33 @@ def test_pixel_pipeline_bench_writes_json_and_table(tmp_path):
     assert row["actors"] == 2 and row["env_steps_per_s"] > 0 and row["updates_per_s"] > 0
     assert row["compression_ratio"] > 1
     assert "| 2 |" in (tmp_path / "pipeline.md").read_text()
+
+
+def test_soak_bench_writes_json_table_and_plot(tmp_path):
+    run_script(
+        "benchmarks/soak.py",
+        "--minutes",
+        "0.1",
+        "--sample-every-s",
+        "2",
+        "--warmup-min",
+        "0",
+        "--capacity",
+        "2000",
+        "--out",
+        str(tmp_path),
+    )
+    result = json.loads((tmp_path / "soak.json").read_text())
+    for framework in ("rllib", "tianshou"):
+        samples = result["runs"][framework]
+        assert len(samples) >= 2
+        last = samples[-1]
+        assert last["env_steps"] > 0 and last["driver_rss_mb"] > 0
+        names = set(last["actors_rss_mb"])
+        assert {"shard_0", "shard_1", "weights_server"} <= names
+        assert len(names) == 5  # and the two env runners / actors
+        assert all(v > 0 for v in last["actors_rss_mb"].values())
+        assert last["object_store_mb"] >= 0
+        assert "slope_per_h" in result["trends"][framework]["driver_rss_mb"]
+    assert "| rllib | driver_rss_mb |" in (tmp_path / "soak.md").read_text()
+    assert (tmp_path / "soak.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

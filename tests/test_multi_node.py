@@ -246,12 +246,12 @@ def test_rllib_gorila_loses_a_node_runs_degraded_and_recovers_when_a_node_joins(
             result = algorithm.train()
             if result["gorila"]["degraded"]:
                 degraded = result["gorila"]
-                if algorithm.replay().stats(wait=True)["num_inserted"] > steps_before + 1_000:
+                if algorithm.replay().stats(wait=True)["num_inserted"] > steps_before + 500:
                     break
         assert degraded is not None, "the run never reported the lost runner"
         assert degraded["num_healthy_env_runners"] == 1
         assert degraded["num_env_runners_down"] == 1
-        assert algorithm.replay().stats(wait=True)["num_inserted"] > steps_before + 1_000
+        assert algorithm.replay().stats(wait=True)["num_inserted"] > steps_before + 500
 
         ray_nodes.add_node(num_cpus=1, resources={"runner_slot": 1})
         deadline = time.monotonic() + 120
@@ -316,7 +316,7 @@ def test_tianshou_gorila_loses_a_node_runs_degraded_and_recovers_when_a_node_joi
             gradient_steps(algo, buffer, 2)
             if stats.actors["degraded"]:
                 degraded = stats
-                if stats.n_collected_steps > 0 and algo.num_gradient_updates > 20:
+                if stats.n_collected_steps > 0 and algo.num_gradient_updates > 10:
                     break
         assert degraded is not None, "the lost actor was never reported"
         assert degraded.actors["down"] == 1

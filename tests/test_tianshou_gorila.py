@@ -587,7 +587,7 @@ def test_restoring_an_older_state_into_the_running_algorithm_reaches_the_actors(
     published, so the collector publishes them and every actor pulls them."""
     import copy
 
-    from tianshou_plugins.actor import cpu_state_dict
+    from tianshou_plugins.weights import cpu_state_dict
 
     algo = make_algo(seed=0)
     with make_buffer() as buffer:

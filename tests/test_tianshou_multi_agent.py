@@ -124,7 +124,8 @@ def test_the_actor_acts_legally_and_pushes_each_agents_own_transitions():
     action is legal, only the learner's transitions are pushed, with the mask of their next
     observation, rewards of +-1 only where a game ended, and env-step credit."""
     from rl_dist_ext.params import ParameterServer
-    from tianshou_plugins.actor import MultiAgentGorilaActor, cpu_state_dict
+    from tianshou_plugins.actor import MultiAgentGorilaActor
+    from tianshou_plugins.weights import cpu_state_dict
 
     algorithm = tictactoe_algorithm()
     server = ParameterServer()

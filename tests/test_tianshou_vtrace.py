@@ -400,7 +400,8 @@ def test_actors_report_whole_episodes_across_trajectories():
     """An episode longer than one trajectory is reported with its whole return and length
     (CartPole pays 1 per step), not only the steps of the trajectory it ended in."""
     from rl_dist_ext.params import ParameterServer
-    from tianshou_plugins.actor import VTraceActor, cpu_state_dict
+    from tianshou_plugins.actor import VTraceActor
+    from tianshou_plugins.weights import cpu_state_dict
 
     algo = make_algo()
     server = ParameterServer()

@@ -34,16 +34,12 @@ from rl_dist_ext.impala import TrajectoryActorStep
 from rl_dist_ext.observations import observation_array
 from rl_dist_ext.ray_actors import InferenceCaller
 from tianshou_plugins.central_inference import Kind, ServerPolicy
+from tianshou_plugins.weights import load_cpu_state_dict
 
 
 def q_values(model: torch.nn.Module, obs: torch.Tensor) -> torch.Tensor:
     """``[N, A]`` Q-values of a Tianshou Q-network (``model(obs) -> (logits, state)``)."""
     return model(obs, state=None, info={})[0]
-
-
-def cpu_state_dict(module: torch.nn.Module) -> dict[str, torch.Tensor]:
-    """A detached CPU copy of ``module``'s state dict: what the actors load."""
-    return {k: v.detach().cpu().clone() for k, v in module.state_dict().items()}
 
 
 class EnvActor:
@@ -223,7 +219,7 @@ class GorilaActor(EnvActor):
             pull_every_n_steps=weight_sync_every_n_steps,
             name=f"actor {actor_index}",
         )
-        self._step.pull_weights(self.policy.load_state_dict)
+        self._step.pull_weights(functools.partial(load_cpu_state_dict, self.policy))
 
     @property
     def weights_version(self) -> int:
@@ -246,7 +242,7 @@ class GorilaActor(EnvActor):
         result = self._step.run(
             act=act,
             q_values=self._q_values,
-            load_weights=self.policy.load_state_dict,
+            load_weights=functools.partial(load_cpu_state_dict, self.policy),
         )
         return {
             **episodes[0],
@@ -321,7 +317,7 @@ class MultiAgentGorilaActor(EnvActor):
             pull_every_n_steps=weight_sync_every_n_steps,
             name=f"actor {actor_index}",
         )
-        self._step.pull_weights(self.policy.load_state_dict)
+        self._step.pull_weights(functools.partial(load_cpu_state_dict, self.policy))
 
     @property
     def weights_version(self) -> int:
@@ -383,7 +379,7 @@ class MultiAgentGorilaActor(EnvActor):
                 module: functools.partial(q_values, self._module_policy(module).model)
                 for module in set(self._module_of_agent.values())
             },
-            load_weights=self.policy.load_state_dict,
+            load_weights=functools.partial(load_cpu_state_dict, self.policy),
         )
         return {
             "actor_index": self.actor_index,
@@ -464,7 +460,7 @@ class VTraceActor(EnvActor):
             pull_every_n_steps=weight_sync_every_n_steps,
             name=f"actor {actor_index}",
         )
-        self._step.pull_weights(self.policy.load_state_dict)
+        self._step.pull_weights(functools.partial(load_cpu_state_dict, self.policy))
 
     @property
     def weights_version(self) -> int:
@@ -491,7 +487,7 @@ class VTraceActor(EnvActor):
 
         trajectory = self._step.run(
             act=act,
-            load_weights=self.policy.load_state_dict,
+            load_weights=functools.partial(load_cpu_state_dict, self.policy),
             acting_version=None if self.server is None else lambda: acting_version_of(recorded),
         )
         steps = trajectory.columns["rewards"].size

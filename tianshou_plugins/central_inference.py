@@ -31,6 +31,7 @@ from tianshou.data import Batch
 from rl_dist_ext.inference import InferenceServerConfig
 from rl_dist_ext.observations import observation_array
 from rl_dist_ext.validation import check_real
+from tianshou_plugins.weights import load_cpu_state_dict
 
 Kind = Literal["policy", "q"]
 
@@ -85,7 +86,7 @@ class TianshouInferencePolicy:
             }
 
     def set_weights(self, weights: Any) -> None:
-        self.policy.load_state_dict(weights)
+        load_cpu_state_dict(self.policy, weights)
 
 
 class TianshouPolicyFactory:

@@ -27,7 +27,7 @@ from tianshou.data.stats import SequenceSummaryStats
 
 from rl_dist_ext.exploration import apex_epsilons
 from rl_dist_ext.validation import check_int, check_real
-from tianshou_plugins.actor import GorilaActor, MultiAgentGorilaActor, cpu_state_dict
+from tianshou_plugins.actor import GorilaActor, MultiAgentGorilaActor
 from tianshou_plugins.actor_collector import (
     ActorCollectStats,
     ActorFleet,
@@ -43,6 +43,7 @@ from tianshou_plugins.multi_agent import (
     MultiAgentGorilaDQN,
     check_multi_agent_env_factory,
 )
+from tianshou_plugins.weights import cpu_state_dict
 
 
 @dataclass(kw_only=True)

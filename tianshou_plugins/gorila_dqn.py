@@ -31,8 +31,9 @@ from tianshou.data import Batch, ReplayBuffer
 from rl_dist_ext.gorila import GorilaLearner, GorilaLearnerCounters
 from rl_dist_ext.ops.dqn import DQNLoss, double_dqn_loss
 from rl_dist_ext.validation import check_int, check_real
-from tianshou_plugins.actor import cpu_state_dict, q_values
+from tianshou_plugins.actor import q_values
 from tianshou_plugins.buffer import DistributedPrioritizedReplayBuffer
+from tianshou_plugins.weights import cpu_state_dict
 
 #: The batch field ``_update_with_batch`` hands to ``_postprocess_batch`` (Tianshou's template
 #: passes only the batch between its hooks).

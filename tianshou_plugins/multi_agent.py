@@ -34,10 +34,10 @@ from tianshou.algorithm.multiagent.marl import MapTrainingStats, MultiAgentOffPo
 from tianshou.data import Batch, ReplayBuffer
 
 from rl_dist_ext.gorila import GorilaLearner, GorilaLearnerCounters
-from tianshou_plugins.actor import cpu_state_dict
 from tianshou_plugins.actor_collector import check_env_factory
 from tianshou_plugins.buffer import DistributedPrioritizedReplayBuffer
 from tianshou_plugins.gorila_dqn import GorilaDQN
+from tianshou_plugins.weights import cpu_state_dict
 
 
 class MultiAgentGorilaDQN(GorilaLearnerCounters, MultiAgentOffPolicyAlgorithm):

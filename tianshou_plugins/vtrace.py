@@ -40,7 +40,7 @@ from rl_dist_ext.observations import observation_array
 from rl_dist_ext.ops.vtrace_loss import VTraceLoss, vtrace_actor_critic_loss
 from rl_dist_ext.params import VersionedWeights, WeightsVersion
 from rl_dist_ext.validation import check_real
-from tianshou_plugins.actor import cpu_state_dict
+from tianshou_plugins.weights import cpu_state_dict
 
 #: The tensors ``_preprocess_batch`` hands to ``_update_with_batch`` (time-major ``[T', B]``).
 TENSOR_KEYS = ("obs", "actions", "rewards", "discounts", "behaviour_logp", "mask")
