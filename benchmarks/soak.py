@@ -54,9 +54,10 @@ def rss_mb(pid: int) -> float | None:
 
 def object_store_mb() -> float:
     """Plasma bytes in use, as ``ray memory --stats-only`` reports them."""
+    import ray
     from ray._private.internal_api import memory_summary
 
-    summary = memory_summary(stats_only=True)
+    summary = memory_summary(address=ray.get_runtime_context().gcs_address, stats_only=True)
     match = re.search(r"Plasma memory usage (\d+) MiB", summary)
     return float(match.group(1)) if match else float("nan")
 

@@ -1,7 +1,8 @@
-"""GorilaDQN end to end: learning within an env-step budget, and a 2-trial Tune run.
+"""GorilaDQN end to end: learning within an env-step budget.
 
-Kept apart from test_rllib_gorila.py so that module's shared algorithm has released its CPUs
-before Tune asks for a placement group.
+Tune runs GorilaDQN by name in the README's RLlib snippet (``tests/test_readme_snippets.py``);
+a 2-trial grid search runs in ``tests/test_rllib_vtrace_training.py`` (the same placement-group
+path, for VTrace).
 """
 
 from __future__ import annotations
@@ -47,22 +48,3 @@ def test_learns_cartpole_within_env_step_budget(ray_session):
     finally:
         algorithm.stop()
     assert max(score for _, score in scores) >= 150, f"greedy returns by env steps: {scores}"
-
-
-def test_tune_runs_two_trials_by_name(ray_session, tmp_path):
-    from ray import tune
-
-    config = small_config().training(lr=tune.grid_search([1e-3, 5e-4]))
-    tuner = tune.Tuner(
-        "GorilaDQN",
-        param_space=config,
-        run_config=tune.RunConfig(
-            stop={"training_iteration": 1}, storage_path=str(tmp_path), verbose=0
-        ),
-    )
-    results = tuner.fit()
-    assert len(results) == 2
-    assert not results.errors
-    for result in results:
-        assert result.metrics["training_iteration"] == 1
-        assert "gorila" in result.metrics

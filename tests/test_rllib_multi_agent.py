@@ -275,6 +275,7 @@ def vtrace_spread_config(env=SPREAD):
         .env_runners(num_env_runners=2, num_envs_per_env_runner=2, rollout_fragment_length=25)
         .learners(num_learners=0)
         .training(train_batch_size_per_learner=200)
+        .reporting(min_time_s_per_iteration=0.5)  # IMPALA's default is 10 s per train()
         .debugging(seed=0)
     )
 
