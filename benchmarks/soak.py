@@ -230,7 +230,7 @@ def trend(t_min: np.ndarray, values: np.ndarray) -> dict:
         "slope_per_h": float(slope),
         "noise": noise,
         "mean": mean,
-        "flat": bool(abs(slope) < max(3 * noise, 0.02 * abs(mean))),
+        "flat": bool(abs(slope) <= max(3 * noise, 0.02 * abs(mean))),
     }
 
 
