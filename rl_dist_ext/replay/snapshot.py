@@ -21,7 +21,7 @@ def _filesystem(uri: str):
 
     if "://" in uri:
         return pafs.FileSystem.from_uri(uri)
-    return pafs.LocalFileSystem(), str(Path(uri).expanduser().resolve())
+    return pafs.LocalFileSystem(), resolve(uri)
 
 
 def is_local(uri: str) -> bool:
