@@ -55,7 +55,8 @@ def train_until(algorithm, score, threshold: float, budget: int, every: int) -> 
     checks, steps, next_check = [], 0, every
     while steps < budget:
         result = algorithm.train()
-        steps = result["env_runners"]["num_env_steps_sampled_lifetime"]
+        # IMPALA's train() may return before any runner reported (short iterations): no count.
+        steps = result.get("env_runners", {}).get("num_env_steps_sampled_lifetime", steps)
         if steps >= next_check:
             next_check = steps + every
             checks.append((steps, score(algorithm)))
