@@ -47,11 +47,17 @@ def rllib_time_to_target(
     max_seconds: float,
     eval_every_s: float,
     greedy_module: Callable[[Any], Any],
+    target: float = TARGET,
+    eval_env: str | Callable[[], Any] = "CartPole-v1",
+    screen_episodes: int = 2,
+    eval_max_steps: int | None = None,
 ) -> dict:
-    """Train ``algo`` until its greedy policy averages ``TARGET`` or ``max_seconds`` of training.
+    """Train ``algo`` until its greedy policy averages ``target`` or ``max_seconds`` of training.
 
-    Every ``eval_every_s`` seconds of training, a 2-episode greedy screen runs; when it passes,
-    10 episodes decide. Evaluation time is not counted. ``algo`` is stopped at the end.
+    Every ``eval_every_s`` seconds of training, a ``screen_episodes`` greedy screen runs on
+    ``eval_env`` (an env id or a maker); when it passes, 10 episodes decide. Evaluation time is
+    not counted. The screens make the curve: ``[trained seconds, env steps, return]``.
+    ``algo`` is stopped at the end.
     """
     from rllib_plugins.evaluation import greedy_return
 
@@ -59,23 +65,35 @@ def rllib_time_to_target(
     env_steps = iterations = 0
     reached = None
     best = 0.0
+    curve: list[list[float]] = []
     try:
         while trained < max_seconds:
             start = time.perf_counter()
             result = algo.train()
             trained += time.perf_counter() - start
             iterations += 1
-            env_steps = int(result["env_runners"].get("num_env_steps_sampled_lifetime", 0))
+            runners = result.get("env_runners", {})
+            env_steps = int(runners.get("num_env_steps_sampled_lifetime", env_steps))
             if trained - last_eval < eval_every_s:
                 continue
             last_eval = trained
             module = greedy_module(algo)
             # Evaluation needs no latency: SlowCartPole has CartPole's dynamics.
-            screen = greedy_return(module, "CartPole-v1", episodes=2, seed=1_000 * seed)
+            screen = greedy_return(
+                module,
+                eval_env,
+                episodes=screen_episodes,
+                seed=1_000 * seed,
+                max_steps=eval_max_steps,
+            )
+            curve.append([round(trained, 2), env_steps, screen])
             best = max(best, screen)
             if (
-                screen >= TARGET
-                and greedy_return(module, "CartPole-v1", episodes=10, seed=7_000) >= TARGET
+                screen >= target
+                and greedy_return(
+                    module, eval_env, episodes=10, seed=7_000, max_steps=eval_max_steps
+                )
+                >= target
             ):
                 reached = trained
                 break
@@ -87,6 +105,7 @@ def rllib_time_to_target(
         "env_steps": env_steps,
         "iterations": iterations,
         "best_screen_return": best,
+        "curve": curve,
     }
 
 

@@ -28,9 +28,11 @@ class _TimeCapReached(Exception):
 class RunClock:
     """The trainer's callbacks that time one run: a cap, the env steps, the moment of the target."""
 
-    def __init__(self, max_seconds: float) -> None:
+    def __init__(self, max_seconds: float, target: float = TARGET) -> None:
         self.max_seconds = max_seconds
+        self.target = target
         self.env_steps = 0
+        self.curve: list[list[float]] = []  # [seconds, env steps, test return] of every test
         self.seconds_to_target: float | None = None
         self.best_test_return: float | None = None
         self._start = time.perf_counter()
@@ -51,9 +53,27 @@ class RunClock:
 
     def stop_fn(self, best_test_return: float) -> bool:
         self.best_test_return = best_test_return  # the trainer passes its best test return
-        if best_test_return >= TARGET and self.seconds_to_target is None:
+        if best_test_return >= self.target and self.seconds_to_target is None:
             self.seconds_to_target = self.elapsed()
-        return best_test_return >= TARGET
+        return best_test_return >= self.target
+
+    def record_test(self, mean_return: float) -> None:
+        self.curve.append([round(self.elapsed(), 2), self.env_steps, mean_return])
+
+
+class RecordingCollector(Collector):
+    """Tianshou's ``Collector`` for the trainer's tests that adds each test's mean return to
+    the clock's curve."""
+
+    def __init__(self, policy: Policy, envs: Any, clock: RunClock) -> None:
+        super().__init__(policy, envs)
+        self.clock = clock
+
+    def collect(self, *args: Any, **kwargs: Any) -> Any:
+        stats = super().collect(*args, **kwargs)
+        if stats.returns_stat is not None:
+            self.clock.record_test(float(stats.returns_stat.mean))
+        return stats
 
 
 def test_collector(policy: Policy, seed: int) -> Collector:
@@ -96,4 +116,5 @@ def train_until_target(
         "trained_seconds": clock.elapsed(),
         "env_steps": clock.env_steps,
         "best_test_return": clock.best_test_return,
+        "curve": clock.curve,
     }

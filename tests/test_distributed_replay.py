@@ -235,6 +235,42 @@ def test_rate_limiter_blocks_sampling_until_inserts_arrive(make_replay):
     assert result["waited"] > 1.0
 
 
+def test_a_rate_limited_sample_calls_back_while_it_waits_and_the_callback_can_feed_it(make_replay):
+    """``while_waiting``: the learner's own process hands out the actors' work (Tianshou's
+    trainer); here the callback inserts rows itself, so the sample that the limiter holds back
+    goes through on this thread, and without it the same sample times out."""
+    replay = make_replay(
+        num_shards=1,
+        capacity=10_000,
+        min_size_to_sample=10,
+        samples_per_insert=1.0,
+        error_buffer=10.0,
+        prefetch=1,
+        timeout_s=3.0,
+    )
+    replay.add(rows(0, 10))
+    replay.flush()
+    replay.sample(16)  # allowed at diff 10 >= 0; at -6 the prefetched request waits
+    calls = []
+
+    def feed():
+        calls.append(time.monotonic())
+        if len(calls) == 3:
+            replay.add(rows(10, 50))
+            replay.flush()
+
+    with pytest.raises(TypeError, match="callable"):
+        replay.while_waiting(42)
+    replay.while_waiting(feed)
+    replay.sample(16)
+    assert len(calls) >= 3
+    replay.while_waiting(None)
+    with pytest.raises(RateLimitTimeout):
+        for _ in range(10):
+            replay.sample(16)
+    assert len(calls) < 10  # removed: not called any more
+
+
 def test_rate_limiter_times_out_with_a_clear_error(make_replay):
     replay = make_replay(
         num_shards=1,

@@ -1,104 +1,218 @@
-"""Subprocess smoke runs of every example and benchmark script with tiny budgets."""
+"""Subprocess smoke runs of every example and benchmark script with tiny budgets.
+
+The runs go two at a time in the background (``script_pool``): this module's first test submits
+every selected test's run, in test order, and each test waits for its own run and checks what
+it wrote.
+"""
 
 from __future__ import annotations
 
 import json
 import re
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from script_pool import ScriptPool, selected_names
 
 ROOT = Path(__file__).resolve().parents[1]
 
 pytestmark = pytest.mark.slow
 
+#: test -> (script and its arguments, ``{out}`` standing for the test's output folder;
+#: timeout in s)
+SCRIPTS: dict[str, tuple[str, float]] = {
+    "test_core_example_trains_and_writes_checkpoint_and_curve": (
+        (
+            "examples/core_apex_dqn_cartpole.py --env-steps 1500 --eval-every 500 "
+            "--learning-starts 200 --out {out}"
+        ),
+        240,
+    ),
+    "test_rllib_gorila_example_trains_and_writes_checkpoint_and_curve": (
+        (
+            "examples/rllib_gorila_cartpole.py --env-steps 3000 --eval-every 1500 "
+            "--num-env-runners 2 --out {out}"
+        ),
+        240,
+    ),
+    "test_distributed_replay_bench_writes_json_and_table": (
+        (
+            "benchmarks/distributed_replay_bench.py --seconds 1 --shards 1 --capacity 30000 "
+            "--out {out}"
+        ),
+        240,
+    ),
+    "test_replay_bench_writes_json_and_table": (
+        ("benchmarks/replay_bench.py --size 3000 --cycles 20 --insert-chunk 500 --out {out}"),
+        240,
+    ),
+    "test_tianshou_gorila_example_trains_and_writes_checkpoint_and_curve": (
+        (
+            "examples/tianshou_gorila_cartpole.py --env-steps 3000 --epoch-steps 1500 "
+            "--num-actors 2 --envs-per-actor 2 --out {out}"
+        ),
+        240,
+    ),
+    "test_tianshou_vtrace_example_trains_and_writes_checkpoint_and_curve": (
+        (
+            "examples/tianshou_vtrace_cartpole.py --env-steps 2048 --epoch-steps 1024 "
+            "--num-actors 2 --envs-per-actor 2 --steps-per-env 16 --collect-steps 128 "
+            "--batch-size 64 --out {out}"
+        ),
+        240,
+    ),
+    "test_tianshou_vtrace_vs_ppo_bench_writes_json_and_table": (
+        (
+            "benchmarks/tianshou_vtrace_vs_ppo.py --seeds 0 --envs CartPole-v1 --algos "
+            "vtrace-seed a2c --baseline-layouts dummy:2 --max-seconds 3 --epoch-steps 1000 "
+            "--actors 1 --envs-per-actor 2 --out {out}"
+        ),
+        280,
+    ),
+    "test_tianshou_gorila_vs_dqn_bench_writes_json_and_table": (
+        (
+            "benchmarks/tianshou_gorila_vs_dqn.py --seeds 0 --envs CartPole-v1 --max-seconds "
+            "3 --epoch-steps 1000 --actors 1 --envs-per-actor 2 --throughput-actors 1 "
+            "--throughput-seconds 2 --throughput-warmup-seconds 1 --out {out}"
+        ),
+        280,
+    ),
+    "test_rllib_gorila_vs_dqn_bench_writes_json_and_table": (
+        (
+            "benchmarks/rllib_gorila_vs_dqn.py --seeds 0 --envs CartPole-v1 --gorila-layouts "
+            "2x4 --dqn-layouts driver-1env --max-seconds 4 --eval-every-s 2 --out {out}"
+        ),
+        240,
+    ),
+    "test_gorila_adapters_env_steps_bench_writes_json_and_table": (
+        (
+            "benchmarks/gorila_adapters_env_steps.py --seeds 0 --max-env-steps 1200 --actors "
+            "1 --envs-per-actor 2 --test-every 1200 --test-episodes 2 --out {out}"
+        ),
+        240,
+    ),
+    "test_rllib_seed_vtrace_example_trains_and_writes_checkpoint_and_curve": (
+        (
+            "examples/rllib_seed_vtrace_cartpole.py --env-steps 2000 --eval-every 1000 "
+            "--num-env-runners 2 --out {out}"
+        ),
+        240,
+    ),
+    "test_rllib_vtrace_vs_appo_bench_writes_json_and_table": (
+        (
+            "benchmarks/rllib_vtrace_vs_appo.py --seeds 0 --algos vtrace-central impala "
+            "--runners 1 --envs-per-runner 2 --max-seconds 4 --eval-every-s 2 --out {out}"
+        ),
+        240,
+    ),
+    "test_central_inference_bench_writes_json_and_table": (
+        (
+            "benchmarks/central_inference_bench.py --algo gorila --envs minatar:breakout "
+            "--runners 1 --envs-per-runner 2 --seconds 1 --out {out}"
+        ),
+        280,
+    ),
+    "test_pixel_replay_bench_writes_json_and_table": (
+        (
+            "benchmarks/pixel_replay_bench.py --frames 200 --capacity 400 "
+            "--throughput-capacity 300 --cycles 10 --codecs lz4 zstd --out {out}/pixel"
+        ),
+        240,
+    ),
+    "test_weight_sync_bench_writes_json_and_table": (
+        ("benchmarks/weight_sync_bench.py --pullers 1 --pulls 2 --frames 32 --out {out}/weights"),
+        240,
+    ),
+    "test_rllib_multi_agent_example_trains_and_writes_checkpoint_and_curve": (
+        ("examples/rllib_multi_agent_tictactoe.py --env-steps 2000 --eval-every 1000 --out {out}"),
+        240,
+    ),
+    "test_tianshou_multi_agent_example_trains_and_writes_checkpoint_and_curve": (
+        (
+            "examples/tianshou_multi_agent_tictactoe.py --env-steps 2000 --epoch-steps 1000 "
+            "--out {out}"
+        ),
+        240,
+    ),
+    "test_multi_agent_tictactoe_bench_writes_json_and_table": (
+        (
+            "benchmarks/multi_agent_tictactoe.py --seeds 0 --algos gorila-rllib dqn-tianshou "
+            "--max-seconds 1.5 --eval-every-s 0.5 --out {out}"
+        ),
+        280,
+    ),
+    "test_pixel_pipeline_bench_writes_json_and_table": (
+        (
+            "benchmarks/pixel_pipeline_bench.py --env minatar:breakout --actors 2 --seconds 1 "
+            "--out {out}/pipeline"
+        ),
+        240,
+    ),
+    "test_soak_bench_writes_json_table_and_plot": (
+        (
+            "benchmarks/soak.py --frameworks tianshou --minutes 0.1 --sample-every-s 2 "
+            "--warmup-min 0 --capacity 2000 --out {out}"
+        ),
+        240,
+    ),
+}
 
-def run_script(*args: str, timeout: int = 240) -> str:
-    proc = subprocess.run(
-        [sys.executable, *args], cwd=ROOT, capture_output=True, text=True, timeout=timeout
-    )
-    assert proc.returncode == 0, f"{args[0]} failed:\n{proc.stdout}\n{proc.stderr}"
-    return proc.stdout + proc.stderr
+
+@pytest.fixture(scope="module")
+def smoke(request, tmp_path_factory):
+    """The background runs of this module's selected tests (output folders in ``dirs``)."""
+    pool = ScriptPool(ROOT)
+    for name in selected_names(request, sys.modules[__name__]):
+        if name in SCRIPTS:
+            args, timeout = SCRIPTS[name]
+            out = tmp_path_factory.mktemp(name[:40])
+            pool.submit(name, args.replace("{out}", str(out)).split(), timeout, out_dir=out)
+    yield pool
+    pool.close()
 
 
-def test_core_example_trains_and_writes_checkpoint_and_curve(tmp_path):
-    out = run_script(
-        "examples/core_apex_dqn_cartpole.py",
-        "--env-steps",
-        "1500",
-        "--eval-every",
-        "500",
-        "--learning-starts",
-        "200",
-        "--out",
-        str(tmp_path),
-    )
+@pytest.fixture
+def out_dir(request, smoke) -> Path:
+    return smoke.dirs[request.node.name]
+
+
+def test_core_example_trains_and_writes_checkpoint_and_curve(smoke, out_dir):
+    out = smoke.output("test_core_example_trains_and_writes_checkpoint_and_curve")
     assert "final greedy evaluation return (10 episodes):" in out
     assert "greedy eval" in out  # progress lines
-    assert (tmp_path / "checkpoint.pt").stat().st_size > 0
-    assert (tmp_path / "learning_curve.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert (out_dir / "checkpoint.pt").stat().st_size > 0
+    assert (out_dir / "learning_curve.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
     import torch
 
     from rl_dist_ext.replay import PrioritizedReplay
 
-    checkpoint = torch.load(tmp_path / "checkpoint.pt", weights_only=False)
+    checkpoint = torch.load(out_dir / "checkpoint.pt", weights_only=False)
     replay = PrioritizedReplay(50_000, alpha=0.6)
     replay.load_state_dict(checkpoint["replay"])
     assert len(replay) == checkpoint["env_steps"]
 
 
-def test_rllib_gorila_example_trains_and_writes_checkpoint_and_curve(tmp_path):
-    out = run_script(
-        "examples/rllib_gorila_cartpole.py",
-        "--env-steps",
-        "3000",
-        "--eval-every",
-        "1500",
-        "--num-env-runners",
-        "2",
-        "--out",
-        str(tmp_path),
-    )
+def test_rllib_gorila_example_trains_and_writes_checkpoint_and_curve(smoke, out_dir):
+    out = smoke.output("test_rllib_gorila_example_trains_and_writes_checkpoint_and_curve")
     assert "final greedy evaluation return (10 episodes):" in out
     assert "greedy evaluation return after" in out
-    assert (tmp_path / "checkpoint" / "replay" / "manifest.json").exists()
-    assert (tmp_path / "learning_curve.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert (out_dir / "checkpoint" / "replay" / "manifest.json").exists()
+    assert (out_dir / "learning_curve.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
-def test_distributed_replay_bench_writes_json_and_table(tmp_path):
-    run_script(
-        "benchmarks/distributed_replay_bench.py",
-        "--seconds",
-        "1",
-        "--shards",
-        "1",
-        "--capacity",
-        "30000",
-        "--out",
-        str(tmp_path),
-    )
-    result = json.loads((tmp_path / "distributed_replay_bench.json").read_text())
+def test_distributed_replay_bench_writes_json_and_table(smoke, out_dir):
+    smoke.output("test_distributed_replay_bench_writes_json_and_table")
+    result = json.loads((out_dir / "distributed_replay_bench.json").read_text())
     assert set(result["results"]) == {"in-process PrioritizedReplay", "DistributedReplay, 1 shard"}
     for row in result["results"].values():
         assert row["SGD"]["cycles_per_s"] > 0
 
 
-def test_replay_bench_writes_json_and_table(tmp_path):
-    run_script(
-        "benchmarks/replay_bench.py",
-        "--size",
-        "3000",
-        "--cycles",
-        "20",
-        "--insert-chunk",
-        "500",
-        "--out",
-        str(tmp_path),
-    )
-    result = json.loads((tmp_path / "replay_bench.json").read_text())
+def test_replay_bench_writes_json_and_table(smoke, out_dir):
+    smoke.output("test_replay_bench_writes_json_and_table")
+    result = json.loads((out_dir / "replay_bench.json").read_text())
     rows = result["results"]
     assert set(rows) == {
         "rl-dist-ext PrioritizedReplay",
@@ -108,124 +222,49 @@ def test_replay_bench_writes_json_and_table(tmp_path):
     for row in rows.values():
         assert row["stored"] == 3000
         assert row["sample_update_cycles_per_s"] > 0
-    assert "| rl-dist-ext PrioritizedReplay |" in (tmp_path / "replay_bench.md").read_text()
+    assert "| rl-dist-ext PrioritizedReplay |" in (out_dir / "replay_bench.md").read_text()
 
 
-def test_tianshou_gorila_example_trains_and_writes_checkpoint_and_curve(tmp_path):
-    out = run_script(
-        "examples/tianshou_gorila_cartpole.py",
-        "--env-steps",
-        "3000",
-        "--epoch-steps",
-        "1500",
-        "--num-actors",
-        "2",
-        "--envs-per-actor",
-        "2",
-        "--out",
-        str(tmp_path),
-    )
+def test_tianshou_gorila_example_trains_and_writes_checkpoint_and_curve(smoke, out_dir):
+    out = smoke.output("test_tianshou_gorila_example_trains_and_writes_checkpoint_and_curve")
     assert "final greedy evaluation return (10 episodes):" in out
     assert "policy lag" in out  # progress lines
-    assert (tmp_path / "checkpoint" / "algorithm.pt").stat().st_size > 0
-    assert (tmp_path / "checkpoint" / "replay" / "manifest.json").exists()
-    assert list((tmp_path / "tb").glob("events.out.tfevents.*"))
-    assert (tmp_path / "learning_curve.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert (out_dir / "checkpoint" / "algorithm.pt").stat().st_size > 0
+    assert (out_dir / "checkpoint" / "replay" / "manifest.json").exists()
+    assert list((out_dir / "tb").glob("events.out.tfevents.*"))
+    assert (out_dir / "learning_curve.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
     import torch
 
-    state = torch.load(tmp_path / "checkpoint" / "algorithm.pt", weights_only=False)
+    state = torch.load(out_dir / "checkpoint" / "algorithm.pt", weights_only=False)
     assert state["_extra_state"]["num_gradient_updates"] > 0
 
 
-def test_tianshou_vtrace_example_trains_and_writes_checkpoint_and_curve(tmp_path):
-    out = run_script(
-        "examples/tianshou_vtrace_cartpole.py",
-        "--env-steps",
-        "2048",
-        "--epoch-steps",
-        "1024",
-        "--num-actors",
-        "2",
-        "--envs-per-actor",
-        "2",
-        "--steps-per-env",
-        "16",
-        "--collect-steps",
-        "128",
-        "--batch-size",
-        "64",
-        "--out",
-        str(tmp_path),
-    )
+def test_tianshou_vtrace_example_trains_and_writes_checkpoint_and_curve(smoke, out_dir):
+    out = smoke.output("test_tianshou_vtrace_example_trains_and_writes_checkpoint_and_curve")
     assert "final greedy evaluation return (10 episodes):" in out
     assert "policy lag" in out and "queue fill" in out  # progress lines
-    assert list((tmp_path / "tb").glob("events.out.tfevents.*"))
-    assert (tmp_path / "learning_curve.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert list((out_dir / "tb").glob("events.out.tfevents.*"))
+    assert (out_dir / "learning_curve.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
     import torch
 
-    state = torch.load(tmp_path / "checkpoint" / "algorithm.pt", weights_only=False)
+    state = torch.load(out_dir / "checkpoint" / "algorithm.pt", weights_only=False)
     assert state["_extra_state"]["num_gradient_updates"] > 0
 
 
-def test_tianshou_vtrace_vs_ppo_bench_writes_json_and_table(tmp_path):
-    run_script(
-        "benchmarks/tianshou_vtrace_vs_ppo.py",
-        "--seeds",
-        "0",
-        "--envs",
-        "CartPole-v1",
-        "--algos",
-        "vtrace-seed",
-        "a2c",
-        "--baseline-layouts",
-        "dummy:2",
-        "--max-seconds",
-        "3",
-        "--epoch-steps",
-        "1000",
-        "--actors",
-        "1",
-        "--envs-per-actor",
-        "2",
-        "--out",
-        str(tmp_path),
-        timeout=280,
-    )
-    result = json.loads((tmp_path / "tianshou_vtrace_vs_ppo.json").read_text())
+def test_tianshou_vtrace_vs_ppo_bench_writes_json_and_table(smoke, out_dir):
+    smoke.output("test_tianshou_vtrace_vs_ppo_bench_writes_json_and_table")
+    result = json.loads((out_dir / "tianshou_vtrace_vs_ppo.json").read_text())
     assert set(result["runs"]["CartPole-v1"]) == {"vtrace-seed", "a2c dummy:2"}
     for runs in result["runs"]["CartPole-v1"].values():
         assert runs[0]["env_steps"] > 0
-    assert "best VTrace / best baseline" in (tmp_path / "tianshou_vtrace_vs_ppo.md").read_text()
+    assert "best VTrace / best baseline" in (out_dir / "tianshou_vtrace_vs_ppo.md").read_text()
 
 
-def test_tianshou_gorila_vs_dqn_bench_writes_json_and_table(tmp_path):
-    run_script(
-        "benchmarks/tianshou_gorila_vs_dqn.py",
-        "--seeds",
-        "0",
-        "--envs",
-        "CartPole-v1",
-        "--max-seconds",
-        "3",
-        "--epoch-steps",
-        "1000",
-        "--actors",
-        "1",
-        "--envs-per-actor",
-        "2",
-        "--throughput-actors",
-        "1",
-        "--throughput-seconds",
-        "2",
-        "--throughput-warmup-seconds",
-        "1",
-        "--out",
-        str(tmp_path),
-        timeout=280,  # two Ray sessions; stays under pytest's 300 s on a busy machine
-    )
-    result = json.loads((tmp_path / "tianshou_gorila_vs_dqn.json").read_text())
+def test_tianshou_gorila_vs_dqn_bench_writes_json_and_table(smoke, out_dir):
+    smoke.output("test_tianshou_gorila_vs_dqn_bench_writes_json_and_table")
+    result = json.loads((out_dir / "tianshou_gorila_vs_dqn.json").read_text())
     assert set(result["runs"]) == {"CartPole-v1"}
     for algo in ("GorilaDQN", "DQN"):
         (run,) = result["runs"]["CartPole-v1"][algo]
@@ -237,28 +276,12 @@ def test_tianshou_gorila_vs_dqn_bench_writes_json_and_table(tmp_path):
     assert [row["num_actors"] for row in result["throughput"]] == [1]
     assert all(row["env_steps_per_s"] > 0 for row in result["throughput"])
     assert result["throughput"][0]["efficiency"] == 1.0
-    assert "| CartPole-v1 | 0 |" in (tmp_path / "tianshou_gorila_vs_dqn.md").read_text()
+    assert "| CartPole-v1 | 0 |" in (out_dir / "tianshou_gorila_vs_dqn.md").read_text()
 
 
-def test_rllib_gorila_vs_dqn_bench_writes_json_and_table(tmp_path):
-    run_script(
-        "benchmarks/rllib_gorila_vs_dqn.py",
-        "--seeds",
-        "0",
-        "--envs",
-        "CartPole-v1",
-        "--gorila-layouts",
-        "2x4",
-        "--dqn-layouts",
-        "driver-1env",
-        "--max-seconds",
-        "4",
-        "--eval-every-s",
-        "2",
-        "--out",
-        str(tmp_path),
-    )
-    result = json.loads((tmp_path / "rllib_gorila_vs_dqn.json").read_text())
+def test_rllib_gorila_vs_dqn_bench_writes_json_and_table(smoke, out_dir):
+    smoke.output("test_rllib_gorila_vs_dqn_bench_writes_json_and_table")
+    result = json.loads((out_dir / "rllib_gorila_vs_dqn.json").read_text())
     assert set(result["runs"]["CartPole-v1"]) == {"GorilaDQN:2x4", "DQN:driver-1env"}
     for (run,) in result["runs"]["CartPole-v1"].values():
         assert run["env_steps"] > 0
@@ -267,78 +290,35 @@ def test_rllib_gorila_vs_dqn_bench_writes_json_and_table(tmp_path):
         )
     summary = result["summary"]["CartPole-v1"]
     assert (summary["best_gorila"], summary["best_dqn"]) == ("GorilaDQN:2x4", "DQN:driver-1env")
-    assert "| CartPole-v1 | 0 |" in (tmp_path / "rllib_gorila_vs_dqn.md").read_text()
+    assert "| CartPole-v1 | 0 |" in (out_dir / "rllib_gorila_vs_dqn.md").read_text()
 
 
-def test_gorila_adapters_env_steps_bench_writes_json_and_table(tmp_path):
-    run_script(
-        "benchmarks/gorila_adapters_env_steps.py",
-        "--seeds",
-        "0",
-        "--max-env-steps",
-        "1200",
-        "--actors",
-        "1",
-        "--envs-per-actor",
-        "2",
-        "--test-every",
-        "1200",
-        "--test-episodes",
-        "2",
-        "--out",
-        str(tmp_path),
-    )
-    result = json.loads((tmp_path / "gorila_adapters_env_steps.json").read_text())
+def test_gorila_adapters_env_steps_bench_writes_json_and_table(smoke, out_dir):
+    smoke.output("test_gorila_adapters_env_steps_bench_writes_json_and_table")
+    result = json.loads((out_dir / "gorila_adapters_env_steps.json").read_text())
     for adapter in ("RLlib", "Tianshou"):
         (run,) = result["runs"][adapter]
         assert run["env_steps"] >= 1200
         assert run["env_steps_to_target"] is None or run["env_steps_to_target"] <= run["env_steps"]
     assert result["summary"]["ratio"] > 0
-    assert "| 0 |" in (tmp_path / "gorila_adapters_env_steps.md").read_text()
+    assert "| 0 |" in (out_dir / "gorila_adapters_env_steps.md").read_text()
 
 
-def test_rllib_seed_vtrace_example_trains_and_writes_checkpoint_and_curve(tmp_path):
-    out = run_script(
-        "examples/rllib_seed_vtrace_cartpole.py",
-        "--env-steps",
-        "2000",
-        "--eval-every",
-        "1000",
-        "--num-env-runners",
-        "2",
-        "--out",
-        str(tmp_path),
-    )
+def test_rllib_seed_vtrace_example_trains_and_writes_checkpoint_and_curve(smoke, out_dir):
+    out = smoke.output("test_rllib_seed_vtrace_example_trains_and_writes_checkpoint_and_curve")
     assert re.search(
         r"final greedy evaluation return \(10 episodes\): \d+\.\d after \d+ env steps in \d+ s",
         out,
     )
     assert "greedy evaluation return after" in out
     assert "rows/batch" in out and "policy lag" in out  # progress lines with server metrics
-    assert (tmp_path / "checkpoint" / "rllib_checkpoint.json").exists()
-    assert (tmp_path / "learning_curve.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert (out_dir / "checkpoint" / "rllib_checkpoint.json").exists()
+    assert (out_dir / "learning_curve.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
-def test_rllib_vtrace_vs_appo_bench_writes_json_and_table(tmp_path):
-    run_script(
-        "benchmarks/rllib_vtrace_vs_appo.py",
-        "--seeds",
-        "0",
-        "--algos",
-        "vtrace-central",
-        "impala",
-        "--runners",
-        "1",
-        "--envs-per-runner",
-        "2",
-        "--max-seconds",
-        "4",
-        "--eval-every-s",
-        "2",
-        "--out",
-        str(tmp_path),
-    )
-    result = json.loads((tmp_path / "rllib_vtrace_vs_appo.json").read_text())
+def test_rllib_vtrace_vs_appo_bench_writes_json_and_table(smoke, out_dir):
+    smoke.output("test_rllib_vtrace_vs_appo_bench_writes_json_and_table")
+    result = json.loads((out_dir / "rllib_vtrace_vs_appo.json").read_text())
     assert set(result["runs"]) == {"CartPole-v1"}
     assert set(result["runs"]["CartPole-v1"]) == {"vtrace-central", "impala"}
     for (run,) in result["runs"]["CartPole-v1"].values():
@@ -349,29 +329,14 @@ def test_rllib_vtrace_vs_appo_bench_writes_json_and_table(tmp_path):
     assert set(summary["median_s"]) == {"vtrace-central", "impala"}
     assert (summary["best_vtrace"], summary["best_baseline"]) == ("vtrace-central", "impala")
     assert summary["ratio_bound"] in {"=", "<", ">", "n/a"}
-    assert "| CartPole-v1 | 0 |" in (tmp_path / "rllib_vtrace_vs_appo.md").read_text()
+    assert "| CartPole-v1 | 0 |" in (out_dir / "rllib_vtrace_vs_appo.md").read_text()
 
 
-def test_central_inference_bench_writes_json_and_table(tmp_path):
+def test_central_inference_bench_writes_json_and_table(smoke, out_dir):
     # GorilaDQN on MinAtar: the pixel path (uint8 frames, compressed replay, the whole actor
     # step per request); VTrace's runners differ only in what one request runs.
-    run_script(
-        "benchmarks/central_inference_bench.py",
-        "--algo",
-        "gorila",
-        "--envs",
-        "minatar:breakout",
-        "--runners",
-        "1",
-        "--envs-per-runner",
-        "2",
-        "--seconds",
-        "1",
-        "--out",
-        str(tmp_path),
-        timeout=280,  # three Ray sessions; stays under pytest's 300 s on a busy machine
-    )
-    result = json.loads((tmp_path / "central_inference_bench.json").read_text())
+    smoke.output("test_central_inference_bench_writes_json_and_table")
+    result = json.loads((out_dir / "central_inference_bench.json").read_text())
     assert result["params"]["algo"] == "gorila"
     modes = {"local", "central"}
     modes |= {"central-gpu"} if result["machine"]["gpu"] else set()
@@ -391,149 +356,70 @@ def test_central_inference_bench_writes_json_and_table(tmp_path):
     assert set(result["targets"]["met"]) == {
         f"minatar:breakout, 2 env(s) per runner, {m}" for m in modes - {"local"}
     }
-    table = (tmp_path / "central_inference_bench.md").read_text()
+    table = (out_dir / "central_inference_bench.md").read_text()
     assert "| minatar:breakout | 2 | 1 | central |" in table
 
 
-def test_pixel_replay_bench_writes_json_and_table(tmp_path):
-    run_script(
-        "benchmarks/pixel_replay_bench.py",
-        "--frames",
-        "200",
-        "--capacity",
-        "400",
-        "--throughput-capacity",
-        "300",
-        "--cycles",
-        "10",
-        "--codecs",
-        "lz4",
-        "zstd",
-        "--out",
-        str(tmp_path / "pixel"),
-    )
-    result = json.loads((tmp_path / "pixel.json").read_text())
+def test_pixel_replay_bench_writes_json_and_table(smoke, out_dir):
+    smoke.output("test_pixel_replay_bench_writes_json_and_table")
+    result = json.loads((out_dir / "pixel.json").read_text())
     assert [c["codec"] for c in result["codecs"]] == ["lz4", "zstd"]
     assert [t["storage"] for t in result["throughput"]] == ["raw uint8", "lz4", "zstd"]
     for m in result["memory"]:
         assert 0 < m["bytes_per_row"] < m["raw_row_bytes"] / 20
-    assert "| raw uint8 (ColumnarStorage) |" in (tmp_path / "pixel.md").read_text()
+    assert "| raw uint8 (ColumnarStorage) |" in (out_dir / "pixel.md").read_text()
 
 
-def test_weight_sync_bench_writes_json_and_table(tmp_path):
-    run_script(
-        "benchmarks/weight_sync_bench.py",
-        "--pullers",
-        "1",
-        "--pulls",
-        "2",
-        "--frames",
-        "32",
-        "--out",
-        str(tmp_path / "weights"),
-    )
-    rows = json.loads((tmp_path / "weights.json").read_text())["rows"]
+def test_weight_sync_bench_writes_json_and_table(smoke, out_dir):
+    smoke.output("test_weight_sync_bench_writes_json_and_table")
+    rows = json.loads((out_dir / "weights.json").read_text())["rows"]
     assert [r["encoding"] for r in rows] == ["fp32", "fp16", "int8"]
     assert rows[0]["max_abs_q_error"] == 0.0
     assert rows[2]["payload_bytes"] < rows[0]["payload_bytes"] / 3.5
-    assert "| int8 |" in (tmp_path / "weights.md").read_text()
+    assert "| int8 |" in (out_dir / "weights.md").read_text()
 
 
-def test_rllib_multi_agent_example_trains_and_writes_checkpoint_and_curve(tmp_path):
-    out = run_script(
-        "examples/rllib_multi_agent_tictactoe.py",
-        "--env-steps",
-        "2000",
-        "--eval-every",
-        "1000",
-        "--out",
-        str(tmp_path),
-    )
+def test_rllib_multi_agent_example_trains_and_writes_checkpoint_and_curve(smoke, out_dir):
+    out = smoke.output("test_rllib_multi_agent_example_trains_and_writes_checkpoint_and_curve")
     assert "final win rate against a random player" in out
     assert "win rate against random after" in out and "policy lag" in out  # progress lines
-    assert (tmp_path / "checkpoint" / "replay" / "learner" / "manifest.json").exists()
-    assert (tmp_path / "learning_curve.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert (out_dir / "checkpoint" / "replay" / "learner" / "manifest.json").exists()
+    assert (out_dir / "learning_curve.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
-def test_tianshou_multi_agent_example_trains_and_writes_checkpoint_and_curve(tmp_path):
-    out = run_script(
-        "examples/tianshou_multi_agent_tictactoe.py",
-        "--env-steps",
-        "2000",
-        "--epoch-steps",
-        "1000",
-        "--out",
-        str(tmp_path),
-    )
+def test_tianshou_multi_agent_example_trains_and_writes_checkpoint_and_curve(smoke, out_dir):
+    out = smoke.output("test_tianshou_multi_agent_example_trains_and_writes_checkpoint_and_curve")
     assert "final win rate against a random player" in out
-    assert (tmp_path / "checkpoint" / "replay" / "player_2" / "manifest.json").exists()
-    assert list((tmp_path / "tb").glob("events.out.tfevents.*"))
-    assert (tmp_path / "learning_curve.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert (out_dir / "checkpoint" / "replay" / "player_2" / "manifest.json").exists()
+    assert list((out_dir / "tb").glob("events.out.tfevents.*"))
+    assert (out_dir / "learning_curve.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
     import torch
 
-    state = torch.load(tmp_path / "checkpoint" / "algorithm.pt", weights_only=False)
+    state = torch.load(out_dir / "checkpoint" / "algorithm.pt", weights_only=False)
     assert state["_extra_state"]["num_gradient_updates"] > 0
 
 
-def test_multi_agent_tictactoe_bench_writes_json_and_table(tmp_path):
-    run_script(
-        "benchmarks/multi_agent_tictactoe.py",
-        "--seeds",
-        "0",
-        "--algos",
-        "gorila-rllib",
-        "dqn-tianshou",
-        "--max-seconds",
-        "1.5",
-        "--eval-every-s",
-        "0.5",
-        "--out",
-        str(tmp_path),
-        timeout=280,
-    )
-    result = json.loads((tmp_path / "multi_agent_tictactoe.json").read_text())
+def test_multi_agent_tictactoe_bench_writes_json_and_table(smoke, out_dir):
+    smoke.output("test_multi_agent_tictactoe_bench_writes_json_and_table")
+    result = json.loads((out_dir / "multi_agent_tictactoe.json").read_text())
     assert set(result["runs"]) == {"gorila-rllib", "dqn-tianshou"}
     for runs in result["runs"].values():
         assert runs[0]["env_steps"] > 0 and runs[0]["checks"]
-    assert "GorilaDQN / fastest DQN setting" in (tmp_path / "multi_agent_tictactoe.md").read_text()
+    assert "GorilaDQN / fastest DQN setting" in (out_dir / "multi_agent_tictactoe.md").read_text()
 
 
-def test_pixel_pipeline_bench_writes_json_and_table(tmp_path):
-    run_script(
-        "benchmarks/pixel_pipeline_bench.py",
-        "--env",
-        "minatar:breakout",
-        "--actors",
-        "2",
-        "--seconds",
-        "1",
-        "--out",
-        str(tmp_path / "pipeline"),
-    )
-    (row,) = json.loads((tmp_path / "pipeline.json").read_text())["rows"]
+def test_pixel_pipeline_bench_writes_json_and_table(smoke, out_dir):
+    smoke.output("test_pixel_pipeline_bench_writes_json_and_table")
+    (row,) = json.loads((out_dir / "pipeline.json").read_text())["rows"]
     assert row["actors"] == 2 and row["env_steps_per_s"] > 0 and row["updates_per_s"] > 0
     assert row["compression_ratio"] > 1
-    assert "| 2 |" in (tmp_path / "pipeline.md").read_text()
+    assert "| 2 |" in (out_dir / "pipeline.md").read_text()
 
 
-def test_soak_bench_writes_json_table_and_plot(tmp_path):
-    run_script(
-        "benchmarks/soak.py",
-        "--frameworks",
-        "tianshou",  # the RLlib arm differs only in its train loop and pid lookup
-        "--minutes",
-        "0.1",
-        "--sample-every-s",
-        "2",
-        "--warmup-min",
-        "0",
-        "--capacity",
-        "2000",
-        "--out",
-        str(tmp_path),
-    )
-    result = json.loads((tmp_path / "soak.json").read_text())
+def test_soak_bench_writes_json_table_and_plot(smoke, out_dir):
+    smoke.output("test_soak_bench_writes_json_table_and_plot")
+    result = json.loads((out_dir / "soak.json").read_text())
     samples = result["runs"]["tianshou"]
     assert len(samples) >= 2
     last = samples[-1]
@@ -544,5 +430,5 @@ def test_soak_bench_writes_json_table_and_plot(tmp_path):
     assert all(v > 0 for v in last["actors_rss_mb"].values())
     assert last["object_store_mb"] >= 0
     assert "slope_per_h" in result["trends"]["tianshou"]["driver_rss_mb"]
-    assert "| tianshou | driver_rss_mb |" in (tmp_path / "soak.md").read_text()
-    assert (tmp_path / "soak.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "| tianshou | driver_rss_mb |" in (out_dir / "soak.md").read_text()
+    assert (out_dir / "soak.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

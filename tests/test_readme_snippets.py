@@ -2,16 +2,17 @@
 
 A user copies a snippet into a script on a laptop (here: the 2-core CI machine) and runs it;
 it must start (no resource ask the machine cannot meet), finish and leave nothing running.
+The snippets run two at a time in the background (``script_pool``), each in its own folder.
 """
 
 from __future__ import annotations
 
 import re
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from script_pool import ScriptPool, selected_names
 
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
@@ -35,20 +36,27 @@ SNIPPETS = snippets()
 def test_the_readme_has_the_snippets_these_tests_run():
     headings = [heading for heading, _ in SNIPPETS]
     assert len(SNIPPETS) >= 5, headings
+    assert len(set(headings)) == len(headings), "one snippet per section: runs are keyed by it"
     assert any("GorilaDQN" in h for h in headings) and any("V-trace" in h for h in headings)
 
 
-@pytest.mark.parametrize(
-    "code", [code for _, code in SNIPPETS], ids=[heading for heading, _ in SNIPPETS]
-)
-def test_readme_snippet_runs_as_printed(code, tmp_path):
-    script = tmp_path / "snippet.py"
-    script.write_text(code + "\nimport ray\nray.shutdown()\n")
-    proc = subprocess.run(
-        [sys.executable, str(script)],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=280,
-    )
-    assert proc.returncode == 0, f"snippet failed:\n{code}\n---\n{proc.stdout}\n{proc.stderr}"
+IDS = [heading for heading, _ in SNIPPETS]
+
+
+@pytest.fixture(scope="module")
+def snippet_runs(request, tmp_path_factory):
+    """Every selected snippet, as ``snippet.py`` in a folder of its own, run in the background."""
+    pool = ScriptPool(ROOT)
+    selected = selected_names(request, sys.modules[__name__])
+    for i, (heading, code) in enumerate(SNIPPETS):
+        if f"test_readme_snippet_runs_as_printed[{heading}]" in selected:
+            folder = tmp_path_factory.mktemp(f"snippet{i}")
+            (folder / "snippet.py").write_text(code + "\nimport ray\nray.shutdown()\n")
+            pool.submit(heading, [folder / "snippet.py"], timeout=280, out_dir=folder, cwd=folder)
+    yield pool
+    pool.close()
+
+
+@pytest.mark.parametrize("heading", IDS, ids=IDS)
+def test_readme_snippet_runs_as_printed(heading, snippet_runs):
+    snippet_runs.output(heading)

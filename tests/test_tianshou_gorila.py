@@ -491,6 +491,46 @@ def test_offpolicy_trainer_runs_and_logs_gorila_fields(gorila, tmp_path):
     assert max(e.value for e in events.Scalars(size_tag)) >= 64
 
 
+@pytest.mark.ray
+def test_trainer_asking_more_updates_than_the_rate_limiter_allows_keeps_the_actors_acting(cluster):
+    """A rate-limited buffer (Ape-X's samples_per_insert) under Tianshou's trainer asking for
+    more gradient steps per collect than the inserted rows pay for: while the learner waits on
+    the rate limiter the collector keeps its actors acting, so the update step goes on instead
+    of timing out (it waited on actors that were idle until the next collect())."""
+    from tianshou.trainer import OffPolicyTrainerParams
+
+    algo = make_algo()
+    buffer = make_buffer(
+        num_shards=1,
+        min_size_to_sample=128,
+        samples_per_insert=4.0,
+        error_buffer=256.0,  # the learner may run 256 sampled rows ahead of the ratio
+        timeout_s=15.0,
+    )
+    collector = make_collector(algo, buffer, num_actors=1, max_in_flight_per_actor=1)
+    try:
+        result = algo.run_training(
+            OffPolicyTrainerParams(
+                training_collector=collector,
+                max_epochs=1,
+                epoch_num_steps=128,
+                collection_step_num_env_steps=64,
+                update_step_num_gradient_steps_per_sample=0.5,  # 16 rows per inserted row
+                batch_size=32,
+                test_step_num_episodes=0,
+                show_progress=False,
+            )
+        )
+        stats = buffer.stats(wait=True)
+    finally:
+        collector.close()
+        buffer.close()
+    assert result.train_step >= 128
+    assert stats["num_sampled"] >= 128 * 0.5 * 32  # every gradient step the trainer asked for
+    # ... within the ratio: the actors inserted a row for every 4 the learner sampled
+    assert stats["num_sampled"] <= 4.0 * stats["num_inserted"]
+
+
 # ---- Ray: faults and checkpoints ----------------------------------------------------------------
 @pytest.mark.ray
 def test_killed_actor_restarts_and_training_continues(cluster):

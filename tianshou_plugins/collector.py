@@ -4,7 +4,8 @@ Each actor (:class:`~tianshou_plugins.actor.GorilaActor`) runs Tianshou's own ``
 ``envs_per_actor`` envs with a local policy copy and its Ape-X epsilon
 (``eps_i = base ** (1 + i / (N - 1) * alpha)``), folds n-step transitions, computes initial
 priorities and pushes them to the :class:`~tianshou_plugins.DistributedPrioritizedReplayBuffer`.
-Actors never wait for the learner: each keeps ``max_in_flight_per_actor`` rollouts queued.
+Actors never wait for the learner: each keeps ``max_in_flight_per_actor`` rollouts queued, also
+while the learner's sample waits on a rate-limited replay (``samples_per_insert``).
 
 :meth:`collect` (what Tianshou's trainer calls each training step) publishes the learner's latest
 weights, then returns at once with the :class:`GorilaCollectStats` of every rollout the actors
@@ -222,6 +223,8 @@ class GorilaCollector(RayActorCollector[GorilaCollectStats]):
                 },
             )
             self._replay_ready = self._replay_holds_min_size()  # e.g. a restored replay
+            for replay in self._replays().values():
+                replay.client.while_waiting(self._keep_actors_acting)
         except BaseException:
             self.close()
             if started_buffer:
@@ -245,7 +248,18 @@ class GorilaCollector(RayActorCollector[GorilaCollectStats]):
 
     def close(self) -> None:
         """Stop the actors and the weights server (the replay buffer keeps running)."""
+        for replay in self._replays().values():
+            if replay.started:
+                replay.client.while_waiting(None)
         super().close()
+
+    def _keep_actors_acting(self) -> None:
+        """While the learner's sample waits on the rate limiter (Tianshou's trainer is in its
+        update step and calls no ``collect()``): keep the finished rollouts for the next
+        ``collect()`` and hand the actors new ones, so that the inserts the learner waits for
+        come in."""
+        if self.env.pool is not None:
+            self.env.waiting.extend(r.value for r in self.env.pool.wait(timeout_s=0.0))
 
     # ---- RayActorCollector's hooks ------------------------------------------------------------
     def _publish_weights(self, *, again: bool = False) -> int:

@@ -132,6 +132,16 @@ class DistributedReplay:
         sent = dict(batch) if compression is None else codec.pack(dict(batch), compression)
         self._inserter.add(sent, priorities, rows, count)
 
+    def while_waiting(self, callback: Callable[[], None] | None) -> None:
+        """Call ``callback()`` (in this process, every 20 ms) while :meth:`sample` waits for a
+        shard's reply, e.g. while the rate limiters hold the learner back. A learner loop that
+        also hands out the actors' work (Tianshou's trainer, through a collector) keeps the
+        actors acting there; otherwise the learner would wait for inserts that never come.
+        Not pickled; ``None`` removes it."""
+        if callback is not None and not callable(callback):
+            raise TypeError(f"callback must be callable or None, got {type(callback).__name__}")
+        self._sampler.while_waiting = callback
+
     def sample(self, batch_size: int, *, beta: float = 0.4) -> ReplaySample:
         """A prioritized batch from one shard, with importance weights normalised over all shards.
 

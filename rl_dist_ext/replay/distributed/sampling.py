@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import time
 from collections import deque
+from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -27,6 +28,9 @@ from rl_dist_ext.replay.distributed.shards import ShardSet, actor_errors
 from rl_dist_ext.replay.prioritized import ReplaySample
 from rl_dist_ext.replay.shard import RateLimitTimeout, ShardSample
 from rl_dist_ext.validation import check_int
+
+#: how often a waiting sample calls ``Sampler.while_waiting``
+WAIT_CALLBACK_S = 0.02
 
 
 class PendingSample(NamedTuple):
@@ -53,6 +57,9 @@ class Sampler:
         self._ready: deque[ReadySample] = deque()
         self.wait_s = 0.0
         self.first_sample_time: float | None = None
+        #: called every ``WAIT_CALLBACK_S`` while a sample waits for a shard's reply (e.g. on
+        #: the rate limiter): whoever hands out the actors' work keeps them acting meanwhile
+        self.while_waiting: Callable[[], None] | None = None
 
     def sample(self, batch_size: int, *, beta: float) -> ReplaySample:
         check_int("batch_size", batch_size, 1)
@@ -90,6 +97,8 @@ class Sampler:
             while len(self._requests) < config.prefetch:
                 self._request(batch_size)
             request = self._requests.popleft()
+            if self.while_waiting is not None:
+                self._wait_calling_back(request.ref, deadline)
             try:
                 return request.shard, ray.get(
                     request.ref, timeout=max(0.0, deadline - time.monotonic())
@@ -119,6 +128,16 @@ class Sampler:
                     raise ReplayUnavailable("no replay shard answered a sample in time") from error
                 if shards.all_down():
                     time.sleep(0.05)  # every shard is restarting: don't spin on failing calls
+
+    def _wait_calling_back(self, ref: Any, deadline: float) -> None:
+        """Until ``ref`` is ready (or the deadline), call ``while_waiting`` between short waits."""
+        import ray
+
+        while time.monotonic() < deadline:
+            ready, _ = ray.wait([ref], timeout=WAIT_CALLBACK_S)
+            if ready:
+                return
+            self.while_waiting()
 
     def _request(self, batch_size: int) -> None:
         shard = self._shards.pick_sample_shard()
