@@ -4,7 +4,8 @@ vs RLlib's DQN and Tianshou's DQN, side by side in one run.
 Every algorithm learns with one DQN recipe, so that the race is about how fast each framework
 and layout turns env steps into updates: the MinAtar paper's network (Young & Tian 2019: conv 16
 3x3/1, a 128-unit layer; uint8 frames scaled at the first layer), Adam ``--lr``, batch 32,
-gamma 0.99, 3-step returns, a 100k-row replay that starts sampling at 5k rows, 8 replayed rows
+gamma 0.99, 3-step returns, a 100k-row replay that starts sampling at ``--learning-starts``
+rows (5k), 8 replayed rows
 per inserted row (one update of 32 per 4 env steps), a hard target update every 1,000 updates.
 Exploration is each framework's own: RLlib and Tianshou DQN decay epsilon 1.0 -> 0.05 over the
 first 50k env steps; GorilaDQN gives each actor its own Ape-X epsilon.
@@ -51,7 +52,6 @@ RATIO_TARGET = 0.5
 MINATAR_CONV = [[16, 3, 1, "valid"]]
 MINATAR_HIDDEN = [128]
 EPSILON_STEPS = 50_000
-LEARNING_STARTS = 5_000
 CAPACITY = 100_000
 TARGET_UPDATE_UPDATES = 1_000
 BATCH = 32
@@ -86,7 +86,7 @@ def gorila_rllib_config(seed: int, args):
         .replay(
             num_shards=1,
             capacity=CAPACITY,
-            min_size_to_sample=LEARNING_STARTS,
+            min_size_to_sample=args.learning_starts,
             samples_per_insert=SAMPLES_PER_INSERT,
             compression=ObsCompression(),
         )
@@ -114,7 +114,7 @@ def dqn_rllib_config(seed: int, args):
             n_step=3,
             train_batch_size_per_learner=BATCH,
             training_intensity=SAMPLES_PER_INSERT,
-            num_steps_sampled_before_learning_starts=LEARNING_STARTS,
+            num_steps_sampled_before_learning_starts=args.learning_starts,
             # RLlib counts the target period in env steps: 1,000 updates = 4,000 env steps
             target_network_update_freq=TARGET_UPDATE_UPDATES * BATCH // SAMPLES_PER_INSERT,
             replay_buffer_config={"type": "EpisodeReplayBuffer", "capacity": CAPACITY},
@@ -212,7 +212,7 @@ def tianshou_run(algo_name: str, seed: int, args) -> dict:
         envs.seed([seed * 100 + i for i in range(args.dqn_envs)])
         training = Collector(policy, envs, VectorReplayBuffer(CAPACITY, args.dqn_envs))
         training.reset()
-        training.collect(n_step=LEARNING_STARTS, random=True)
+        training.collect(n_step=args.learning_starts, random=True)
         decay = clock.training_fn
 
         def training_fn(epoch: int, env_step: int) -> None:  # epsilon 1.0 -> 0.05 over 50k
@@ -230,7 +230,7 @@ def tianshou_run(algo_name: str, seed: int, args) -> dict:
     buffer = DistributedPrioritizedReplayBuffer(
         CAPACITY,
         num_shards=1,
-        min_size_to_sample=LEARNING_STARTS,
+        min_size_to_sample=args.learning_starts,
         samples_per_insert=SAMPLES_PER_INSERT,
         compression=ObsCompression(),
         seed=seed,
@@ -297,6 +297,7 @@ def main() -> None:
     parser.add_argument("--epoch-steps", type=int, default=20_000, help="Tianshou runs")
     parser.add_argument("--eval-max-steps", type=int, default=2_000)
     parser.add_argument("--lr", type=float, default=1e-3)
+    parser.add_argument("--learning-starts", type=int, default=5_000, help="replay rows")
     parser.add_argument("--runners", type=int, default=2, help="GorilaDQN actors")
     parser.add_argument("--envs-per-runner", type=int, default=4)
     parser.add_argument("--dqn-envs", type=int, default=4, help="RLlib / Tianshou DQN envs")

@@ -156,6 +156,13 @@ SCRIPTS: dict[str, tuple[str, float]] = {
         ),
         240,
     ),
+    "test_minatar_race_bench_writes_json_table_and_curves": (
+        (
+            "benchmarks/minatar_race.py --seeds 0 --max-seconds 2 --eval-every-s 1 "
+            "--epoch-steps 500 --eval-max-steps 50 --learning-starts 200 --out {out}"
+        ),
+        280,  # four Ray sessions
+    ),
 }
 
 
@@ -432,3 +439,18 @@ def test_soak_bench_writes_json_table_and_plot(smoke, out_dir):
     assert "slope_per_h" in result["trends"]["tianshou"]["driver_rss_mb"]
     assert "| tianshou | driver_rss_mb |" in (out_dir / "soak.md").read_text()
     assert (out_dir / "soak.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_minatar_race_bench_writes_json_table_and_curves(smoke, out_dir):
+    smoke.output("test_minatar_race_bench_writes_json_table_and_curves")
+    result = json.loads((out_dir / "minatar_race.json").read_text())
+    runs = result["runs"]
+    assert set(runs) == {"gorila-rllib", "dqn-rllib", "gorila-tianshou", "dqn-tianshou"}
+    for name, (run,) in runs.items():
+        assert run["env_steps"] > 0, name
+        assert run["curve"] and all(len(point) == 3 for point in run["curve"]), name
+        reached = run["seconds_to_target"]
+        assert reached is None or reached <= run["trained_seconds"]
+    assert result["summary"]["ratio_bound"] in {"=", "<", "n/a"}
+    assert "| gorila-rllib | 0 |" in (out_dir / "minatar_race.md").read_text()
+    assert (out_dir / "minatar_race.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
