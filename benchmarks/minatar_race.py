@@ -7,8 +7,9 @@ and layout turns env steps into updates: the MinAtar paper's network (Young & Ti
 gamma 0.99, 3-step returns, a 100k-row replay that starts sampling at ``--learning-starts``
 rows (5k), 8 replayed rows
 per inserted row (one update of 32 per 4 env steps), a hard target update every 1,000 updates.
-Exploration is each framework's own: RLlib and Tianshou DQN decay epsilon 1.0 -> 0.05 over the
-first 50k env steps; GorilaDQN gives each actor its own Ape-X epsilon.
+Exploration and replay are each algorithm's own: RLlib and Tianshou DQN decay epsilon 1.0 ->
+0.05 over the first 50k env steps, GorilaDQN gives each actor its own Ape-X epsilon; RLlib DQN
+and GorilaDQN replay by priority (alpha 0.6, beta 0.4), Tianshou DQN uniformly (its default).
 
 Layouts (2 cores): GorilaDQN with ``--runners`` x ``--envs-per-runner`` (learner in the driver,
 one replay shard, its rate limiter holding the ratio); RLlib DQN sampling in the driver with
@@ -117,7 +118,12 @@ def dqn_rllib_config(seed: int, args):
             num_steps_sampled_before_learning_starts=args.learning_starts,
             # RLlib counts the target period in env steps: 1,000 updates = 4,000 env steps
             target_network_update_freq=TARGET_UPDATE_UPDATES * BATCH // SAMPLES_PER_INSERT,
-            replay_buffer_config={"type": "EpisodeReplayBuffer", "capacity": CAPACITY},
+            replay_buffer_config={  # RLlib DQN's default kind, as in its CartPole race
+                "type": "PrioritizedEpisodeReplayBuffer",
+                "capacity": CAPACITY,
+                "alpha": 0.6,
+                "beta": 0.4,
+            },
             double_q=True,
             dueling=False,
             num_atoms=1,
@@ -296,7 +302,7 @@ def main() -> None:
     parser.add_argument("--eval-every-s", type=float, default=20.0, help="RLlib runs")
     parser.add_argument("--epoch-steps", type=int, default=20_000, help="Tianshou runs")
     parser.add_argument("--eval-max-steps", type=int, default=2_000)
-    parser.add_argument("--lr", type=float, default=1e-3)
+    parser.add_argument("--lr", type=float, default=5e-4)
     parser.add_argument("--learning-starts", type=int, default=5_000, help="replay rows")
     parser.add_argument("--runners", type=int, default=2, help="GorilaDQN actors")
     parser.add_argument("--envs-per-runner", type=int, default=4)
