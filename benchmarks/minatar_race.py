@@ -57,6 +57,20 @@ CAPACITY = 100_000
 TARGET_UPDATE_UPDATES = 1_000
 BATCH = 32
 SAMPLES_PER_INSERT = 8
+GAMMA = 0.99
+N_STEP = 3
+
+
+def rllib_recipe(args) -> dict:
+    """The recipe's ``.training()`` settings both RLlib arms share."""
+    return {
+        "lr": args.lr,
+        "gamma": GAMMA,
+        "n_step": N_STEP,
+        "train_batch_size_per_learner": BATCH,
+        "double_q": True,
+        "dueling": False,
+    }
 
 
 def rllib_model_config():
@@ -75,15 +89,7 @@ def gorila_rllib_config(seed: int, args):
         .environment(pixel_env(f"minatar:{GAME}"))
         .env_runners(num_env_runners=args.runners, num_envs_per_env_runner=args.envs_per_runner)
         .learners(num_learners=0)
-        .training(
-            lr=args.lr,
-            gamma=0.99,
-            n_step=3,
-            train_batch_size_per_learner=BATCH,
-            target_update_every_n_updates=TARGET_UPDATE_UPDATES,
-            double_q=True,
-            dueling=False,
-        )
+        .training(**rllib_recipe(args), target_update_every_n_updates=TARGET_UPDATE_UPDATES)
         .replay(
             num_shards=1,
             capacity=CAPACITY,
@@ -110,10 +116,7 @@ def dqn_rllib_config(seed: int, args):
         .env_runners(num_env_runners=0, num_envs_per_env_runner=args.dqn_envs)
         .learners(num_learners=0)
         .training(
-            lr=args.lr,
-            gamma=0.99,
-            n_step=3,
-            train_batch_size_per_learner=BATCH,
+            **rllib_recipe(args),
             training_intensity=SAMPLES_PER_INSERT,
             num_steps_sampled_before_learning_starts=args.learning_starts,
             # RLlib counts the target period in env steps: 1,000 updates = 4,000 env steps
@@ -124,8 +127,6 @@ def dqn_rllib_config(seed: int, args):
                 "alpha": 0.6,
                 "beta": 0.4,
             },
-            double_q=True,
-            dueling=False,
             num_atoms=1,
             noisy=False,
             epsilon=[(0, 1.0), (EPSILON_STEPS, 0.05)],
@@ -210,8 +211,8 @@ def tianshou_run(algo_name: str, seed: int, args) -> dict:
         algorithm = DQN(
             policy=policy,
             optim=AdamOptimizerFactory(lr=args.lr),
-            gamma=0.99,
-            n_step_return_horizon=3,
+            gamma=GAMMA,
+            n_step_return_horizon=N_STEP,
             target_update_freq=TARGET_UPDATE_UPDATES,
         )
         envs = DummyVectorEnv([partial(make_minatar, GAME)] * args.dqn_envs)
@@ -244,8 +245,8 @@ def tianshou_run(algo_name: str, seed: int, args) -> dict:
     algorithm = GorilaDQN(
         policy=policy,
         optim=AdamOptimizerFactory(lr=args.lr),
-        gamma=0.99,
-        n_step_return_horizon=3,
+        gamma=GAMMA,
+        n_step_return_horizon=N_STEP,
         target_update_freq=TARGET_UPDATE_UPDATES,
     )
     collector = GorilaCollector(

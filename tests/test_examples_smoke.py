@@ -180,14 +180,21 @@ def smoke(request, tmp_path_factory):
 
 
 @pytest.fixture
-def out_dir(request, smoke) -> Path:
+def output(request, smoke) -> str:
+    """The calling test's run, waited for: stdout + stderr (the test fails with them unless
+    the script exited with 0)."""
+    return smoke.output(request.node.name)
+
+
+@pytest.fixture
+def out_dir(request, smoke, output) -> Path:
+    """Where the calling test's run wrote, once it finished."""
     return smoke.dirs[request.node.name]
 
 
-def test_core_example_trains_and_writes_checkpoint_and_curve(smoke, out_dir):
-    out = smoke.output("test_core_example_trains_and_writes_checkpoint_and_curve")
-    assert "final greedy evaluation return (10 episodes):" in out
-    assert "greedy eval" in out  # progress lines
+def test_core_example_trains_and_writes_checkpoint_and_curve(output, out_dir):
+    assert "final greedy evaluation return (10 episodes):" in output
+    assert "greedy eval" in output  # progress lines
     assert (out_dir / "checkpoint.pt").stat().st_size > 0
     assert (out_dir / "learning_curve.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
@@ -201,24 +208,21 @@ def test_core_example_trains_and_writes_checkpoint_and_curve(smoke, out_dir):
     assert len(replay) == checkpoint["env_steps"]
 
 
-def test_rllib_gorila_example_trains_and_writes_checkpoint_and_curve(smoke, out_dir):
-    out = smoke.output("test_rllib_gorila_example_trains_and_writes_checkpoint_and_curve")
-    assert "final greedy evaluation return (10 episodes):" in out
-    assert "greedy evaluation return after" in out
+def test_rllib_gorila_example_trains_and_writes_checkpoint_and_curve(output, out_dir):
+    assert "final greedy evaluation return (10 episodes):" in output
+    assert "greedy evaluation return after" in output
     assert (out_dir / "checkpoint" / "replay" / "manifest.json").exists()
     assert (out_dir / "learning_curve.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
-def test_distributed_replay_bench_writes_json_and_table(smoke, out_dir):
-    smoke.output("test_distributed_replay_bench_writes_json_and_table")
+def test_distributed_replay_bench_writes_json_and_table(out_dir):
     result = json.loads((out_dir / "distributed_replay_bench.json").read_text())
     assert set(result["results"]) == {"in-process PrioritizedReplay", "DistributedReplay, 1 shard"}
     for row in result["results"].values():
         assert row["SGD"]["cycles_per_s"] > 0
 
 
-def test_replay_bench_writes_json_and_table(smoke, out_dir):
-    smoke.output("test_replay_bench_writes_json_and_table")
+def test_replay_bench_writes_json_and_table(out_dir):
     result = json.loads((out_dir / "replay_bench.json").read_text())
     rows = result["results"]
     assert set(rows) == {
@@ -232,10 +236,9 @@ def test_replay_bench_writes_json_and_table(smoke, out_dir):
     assert "| rl-dist-ext PrioritizedReplay |" in (out_dir / "replay_bench.md").read_text()
 
 
-def test_tianshou_gorila_example_trains_and_writes_checkpoint_and_curve(smoke, out_dir):
-    out = smoke.output("test_tianshou_gorila_example_trains_and_writes_checkpoint_and_curve")
-    assert "final greedy evaluation return (10 episodes):" in out
-    assert "policy lag" in out  # progress lines
+def test_tianshou_gorila_example_trains_and_writes_checkpoint_and_curve(output, out_dir):
+    assert "final greedy evaluation return (10 episodes):" in output
+    assert "policy lag" in output  # progress lines
     assert (out_dir / "checkpoint" / "algorithm.pt").stat().st_size > 0
     assert (out_dir / "checkpoint" / "replay" / "manifest.json").exists()
     assert list((out_dir / "tb").glob("events.out.tfevents.*"))
@@ -247,10 +250,9 @@ def test_tianshou_gorila_example_trains_and_writes_checkpoint_and_curve(smoke, o
     assert state["_extra_state"]["num_gradient_updates"] > 0
 
 
-def test_tianshou_vtrace_example_trains_and_writes_checkpoint_and_curve(smoke, out_dir):
-    out = smoke.output("test_tianshou_vtrace_example_trains_and_writes_checkpoint_and_curve")
-    assert "final greedy evaluation return (10 episodes):" in out
-    assert "policy lag" in out and "queue fill" in out  # progress lines
+def test_tianshou_vtrace_example_trains_and_writes_checkpoint_and_curve(output, out_dir):
+    assert "final greedy evaluation return (10 episodes):" in output
+    assert "policy lag" in output and "queue fill" in output  # progress lines
     assert list((out_dir / "tb").glob("events.out.tfevents.*"))
     assert (out_dir / "learning_curve.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
@@ -260,8 +262,7 @@ def test_tianshou_vtrace_example_trains_and_writes_checkpoint_and_curve(smoke, o
     assert state["_extra_state"]["num_gradient_updates"] > 0
 
 
-def test_tianshou_vtrace_vs_ppo_bench_writes_json_and_table(smoke, out_dir):
-    smoke.output("test_tianshou_vtrace_vs_ppo_bench_writes_json_and_table")
+def test_tianshou_vtrace_vs_ppo_bench_writes_json_and_table(out_dir):
     result = json.loads((out_dir / "tianshou_vtrace_vs_ppo.json").read_text())
     assert set(result["runs"]["CartPole-v1"]) == {"vtrace-seed", "a2c dummy:2"}
     for runs in result["runs"]["CartPole-v1"].values():
@@ -269,8 +270,7 @@ def test_tianshou_vtrace_vs_ppo_bench_writes_json_and_table(smoke, out_dir):
     assert "best VTrace / best baseline" in (out_dir / "tianshou_vtrace_vs_ppo.md").read_text()
 
 
-def test_tianshou_gorila_vs_dqn_bench_writes_json_and_table(smoke, out_dir):
-    smoke.output("test_tianshou_gorila_vs_dqn_bench_writes_json_and_table")
+def test_tianshou_gorila_vs_dqn_bench_writes_json_and_table(out_dir):
     result = json.loads((out_dir / "tianshou_gorila_vs_dqn.json").read_text())
     assert set(result["runs"]) == {"CartPole-v1"}
     for algo in ("GorilaDQN", "DQN"):
@@ -286,8 +286,7 @@ def test_tianshou_gorila_vs_dqn_bench_writes_json_and_table(smoke, out_dir):
     assert "| CartPole-v1 | 0 |" in (out_dir / "tianshou_gorila_vs_dqn.md").read_text()
 
 
-def test_rllib_gorila_vs_dqn_bench_writes_json_and_table(smoke, out_dir):
-    smoke.output("test_rllib_gorila_vs_dqn_bench_writes_json_and_table")
+def test_rllib_gorila_vs_dqn_bench_writes_json_and_table(out_dir):
     result = json.loads((out_dir / "rllib_gorila_vs_dqn.json").read_text())
     assert set(result["runs"]["CartPole-v1"]) == {"GorilaDQN:2x4", "DQN:driver-1env"}
     for (run,) in result["runs"]["CartPole-v1"].values():
@@ -300,8 +299,7 @@ def test_rllib_gorila_vs_dqn_bench_writes_json_and_table(smoke, out_dir):
     assert "| CartPole-v1 | 0 |" in (out_dir / "rllib_gorila_vs_dqn.md").read_text()
 
 
-def test_gorila_adapters_env_steps_bench_writes_json_and_table(smoke, out_dir):
-    smoke.output("test_gorila_adapters_env_steps_bench_writes_json_and_table")
+def test_gorila_adapters_env_steps_bench_writes_json_and_table(out_dir):
     result = json.loads((out_dir / "gorila_adapters_env_steps.json").read_text())
     for adapter in ("RLlib", "Tianshou"):
         (run,) = result["runs"][adapter]
@@ -311,20 +309,18 @@ def test_gorila_adapters_env_steps_bench_writes_json_and_table(smoke, out_dir):
     assert "| 0 |" in (out_dir / "gorila_adapters_env_steps.md").read_text()
 
 
-def test_rllib_seed_vtrace_example_trains_and_writes_checkpoint_and_curve(smoke, out_dir):
-    out = smoke.output("test_rllib_seed_vtrace_example_trains_and_writes_checkpoint_and_curve")
+def test_rllib_seed_vtrace_example_trains_and_writes_checkpoint_and_curve(output, out_dir):
     assert re.search(
         r"final greedy evaluation return \(10 episodes\): \d+\.\d after \d+ env steps in \d+ s",
-        out,
+        output,
     )
-    assert "greedy evaluation return after" in out
-    assert "rows/batch" in out and "policy lag" in out  # progress lines with server metrics
+    assert "greedy evaluation return after" in output
+    assert "rows/batch" in output and "policy lag" in output  # progress lines with server metrics
     assert (out_dir / "checkpoint" / "rllib_checkpoint.json").exists()
     assert (out_dir / "learning_curve.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
-def test_rllib_vtrace_vs_appo_bench_writes_json_and_table(smoke, out_dir):
-    smoke.output("test_rllib_vtrace_vs_appo_bench_writes_json_and_table")
+def test_rllib_vtrace_vs_appo_bench_writes_json_and_table(out_dir):
     result = json.loads((out_dir / "rllib_vtrace_vs_appo.json").read_text())
     assert set(result["runs"]) == {"CartPole-v1"}
     assert set(result["runs"]["CartPole-v1"]) == {"vtrace-central", "impala"}
@@ -339,10 +335,9 @@ def test_rllib_vtrace_vs_appo_bench_writes_json_and_table(smoke, out_dir):
     assert "| CartPole-v1 | 0 |" in (out_dir / "rllib_vtrace_vs_appo.md").read_text()
 
 
-def test_central_inference_bench_writes_json_and_table(smoke, out_dir):
+def test_central_inference_bench_writes_json_and_table(out_dir):
     # GorilaDQN on MinAtar: the pixel path (uint8 frames, compressed replay, the whole actor
     # step per request); VTrace's runners differ only in what one request runs.
-    smoke.output("test_central_inference_bench_writes_json_and_table")
     result = json.loads((out_dir / "central_inference_bench.json").read_text())
     assert result["params"]["algo"] == "gorila"
     modes = {"local", "central"}
@@ -367,8 +362,7 @@ def test_central_inference_bench_writes_json_and_table(smoke, out_dir):
     assert "| minatar:breakout | 2 | 1 | central |" in table
 
 
-def test_pixel_replay_bench_writes_json_and_table(smoke, out_dir):
-    smoke.output("test_pixel_replay_bench_writes_json_and_table")
+def test_pixel_replay_bench_writes_json_and_table(out_dir):
     result = json.loads((out_dir / "pixel.json").read_text())
     assert [c["codec"] for c in result["codecs"]] == ["lz4", "zstd"]
     assert [t["storage"] for t in result["throughput"]] == ["raw uint8", "lz4", "zstd"]
@@ -377,8 +371,7 @@ def test_pixel_replay_bench_writes_json_and_table(smoke, out_dir):
     assert "| raw uint8 (ColumnarStorage) |" in (out_dir / "pixel.md").read_text()
 
 
-def test_weight_sync_bench_writes_json_and_table(smoke, out_dir):
-    smoke.output("test_weight_sync_bench_writes_json_and_table")
+def test_weight_sync_bench_writes_json_and_table(out_dir):
     rows = json.loads((out_dir / "weights.json").read_text())["rows"]
     assert [r["encoding"] for r in rows] == ["fp32", "fp16", "int8"]
     assert rows[0]["max_abs_q_error"] == 0.0
@@ -386,17 +379,15 @@ def test_weight_sync_bench_writes_json_and_table(smoke, out_dir):
     assert "| int8 |" in (out_dir / "weights.md").read_text()
 
 
-def test_rllib_multi_agent_example_trains_and_writes_checkpoint_and_curve(smoke, out_dir):
-    out = smoke.output("test_rllib_multi_agent_example_trains_and_writes_checkpoint_and_curve")
-    assert "final win rate against a random player" in out
-    assert "win rate against random after" in out and "policy lag" in out  # progress lines
+def test_rllib_multi_agent_example_trains_and_writes_checkpoint_and_curve(output, out_dir):
+    assert "final win rate against a random player" in output
+    assert "win rate against random after" in output and "policy lag" in output  # progress lines
     assert (out_dir / "checkpoint" / "replay" / "learner" / "manifest.json").exists()
     assert (out_dir / "learning_curve.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
-def test_tianshou_multi_agent_example_trains_and_writes_checkpoint_and_curve(smoke, out_dir):
-    out = smoke.output("test_tianshou_multi_agent_example_trains_and_writes_checkpoint_and_curve")
-    assert "final win rate against a random player" in out
+def test_tianshou_multi_agent_example_trains_and_writes_checkpoint_and_curve(output, out_dir):
+    assert "final win rate against a random player" in output
     assert (out_dir / "checkpoint" / "replay" / "player_2" / "manifest.json").exists()
     assert list((out_dir / "tb").glob("events.out.tfevents.*"))
     assert (out_dir / "learning_curve.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
@@ -407,8 +398,7 @@ def test_tianshou_multi_agent_example_trains_and_writes_checkpoint_and_curve(smo
     assert state["_extra_state"]["num_gradient_updates"] > 0
 
 
-def test_multi_agent_tictactoe_bench_writes_json_and_table(smoke, out_dir):
-    smoke.output("test_multi_agent_tictactoe_bench_writes_json_and_table")
+def test_multi_agent_tictactoe_bench_writes_json_and_table(out_dir):
     result = json.loads((out_dir / "multi_agent_tictactoe.json").read_text())
     assert set(result["runs"]) == {"gorila-rllib", "dqn-tianshou"}
     for runs in result["runs"].values():
@@ -416,16 +406,14 @@ def test_multi_agent_tictactoe_bench_writes_json_and_table(smoke, out_dir):
     assert "GorilaDQN / fastest DQN setting" in (out_dir / "multi_agent_tictactoe.md").read_text()
 
 
-def test_pixel_pipeline_bench_writes_json_and_table(smoke, out_dir):
-    smoke.output("test_pixel_pipeline_bench_writes_json_and_table")
+def test_pixel_pipeline_bench_writes_json_and_table(out_dir):
     (row,) = json.loads((out_dir / "pipeline.json").read_text())["rows"]
     assert row["actors"] == 2 and row["env_steps_per_s"] > 0 and row["updates_per_s"] > 0
     assert row["compression_ratio"] > 1
     assert "| 2 |" in (out_dir / "pipeline.md").read_text()
 
 
-def test_soak_bench_writes_json_table_and_plot(smoke, out_dir):
-    smoke.output("test_soak_bench_writes_json_table_and_plot")
+def test_soak_bench_writes_json_table_and_plot(out_dir):
     result = json.loads((out_dir / "soak.json").read_text())
     samples = result["runs"]["tianshou"]
     assert len(samples) >= 2
@@ -441,8 +429,7 @@ def test_soak_bench_writes_json_table_and_plot(smoke, out_dir):
     assert (out_dir / "soak.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
-def test_minatar_race_bench_writes_json_table_and_curves(smoke, out_dir):
-    smoke.output("test_minatar_race_bench_writes_json_table_and_curves")
+def test_minatar_race_bench_writes_json_table_and_curves(out_dir):
     result = json.loads((out_dir / "minatar_race.json").read_text())
     runs = result["runs"]
     assert set(runs) == {"gorila-rllib", "dqn-rllib", "gorila-tianshou", "dqn-tianshou"}

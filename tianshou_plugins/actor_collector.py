@@ -305,7 +305,7 @@ class RayActorCollector(BaseCollector[TStats], Generic[TStats]):
         steps = episodes = 0
         deadline = time.monotonic() + self._timeout_s
         waiting = self.env.waiting
-        waiting.extend(r.value for r in self._actor_pool.wait(timeout_s=0.0))
+        self._take_finished(timeout_s=0.0)
         self._ready_at_start = len(waiting)  # what finished while the learner trained
         while True:
             while waiting and self._accept(waiting[0]):
@@ -323,7 +323,12 @@ class RayActorCollector(BaseCollector[TStats], Generic[TStats]):
                     f"n_episode={n_episode}); actor failures so far: "
                     f"{self._actor_pool.stats.failures}"
                 )
-            waiting.extend(r.value for r in self._actor_pool.wait(timeout_s=1.0))
+            self._take_finished(timeout_s=1.0)
+
+    def _take_finished(self, *, timeout_s: float) -> None:
+        """Move the rollouts that finish within ``timeout_s`` to ``env.waiting`` (where the
+        next :meth:`_gather` takes them) and give their actors new ones."""
+        self.env.waiting.extend(r.value for r in self._actor_pool.wait(timeout_s=timeout_s))
 
     def _common_stats(self, results: list[dict[str, Any]], learner_version: int) -> dict[str, Any]:
         """The :class:`ActorCollectStats` fields of ``results``."""

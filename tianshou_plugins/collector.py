@@ -258,8 +258,7 @@ class GorilaCollector(RayActorCollector[GorilaCollectStats]):
         update step and calls no ``collect()``): keep the finished rollouts for the next
         ``collect()`` and hand the actors new ones, so that the inserts the learner waits for
         come in."""
-        if self.env.pool is not None:
-            self.env.waiting.extend(r.value for r in self.env.pool.wait(timeout_s=0.0))
+        self._take_finished(timeout_s=0.0)  # close() removes this callback first
 
     # ---- RayActorCollector's hooks ------------------------------------------------------------
     def _publish_weights(self, *, again: bool = False) -> int:
