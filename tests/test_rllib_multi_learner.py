@@ -163,3 +163,114 @@ def test_vtrace_with_two_learners_trains_in_seed_mode_and_keeps_one_version(ray_
         assert result["env_runners"]["num_env_steps_sampled_lifetime"] > 0
     finally:
         algorithm.stop()
+
+
+def pad_to_whole_rows(rows: dict, length: int) -> dict:
+    """Zero-pad every column to a whole number of ``length``-step rows (padding masked), as
+    RLlib's ``make_time_major`` pads a learner's batch."""
+    pad = -len(rows["loss_mask"]) % length
+    return {
+        k: np.concatenate([v, np.zeros((pad, *v.shape[1:]), dtype=v.dtype)])
+        for k, v in rows.items()
+    }
+
+
+def test_vtrace_two_learners_step_like_one_learner_on_the_union_of_their_batches(ray_session):
+    """One synchronous VTrace step of two learners, each on its own batch of episode pieces,
+    leaves both with the weights one learner reaches on the union of the two batches.
+
+    DDP averages the replicas' gradients and each replica's loss is a masked mean, so the two
+    agree when the replicas' batches hold the same number of loss steps. RLlib's learner group
+    hands each learner an equal share; here each learner gets four 12-step pieces (one of them
+    ending in a termination), so both batches have the same layout and different data.
+    """
+    import gymnasium as gym
+    from ray.rllib.core import DEFAULT_MODULE_ID
+    from ray.rllib.core.learner.learner import Learner
+    from ray.rllib.core.learner.training_data import TrainingData
+    from ray.rllib.policy.sample_batch import MultiAgentBatch, SampleBatch
+    from ray.rllib.utils.numpy import convert_to_numpy
+    from test_rllib_vtrace import small_config
+
+    length = 12
+    config = (
+        small_config(central=False)
+        .env_runners(num_env_runners=1)
+        .learners(num_learners=2, num_cpus_per_learner=0.4)
+    )
+    algorithm = config.build_algo()
+    try:
+        starts, ends = [], []  # 12-step pieces: episode starts (cut) and episode ends (terminated)
+        while len(starts) < 6 or len(ends) < 2:
+            for episodes in algorithm.env_runner_group.foreach_env_runner(
+                lambda runner: runner.sample(num_episodes=8), local_env_runner=False
+            ):
+                for episode in episodes:
+                    if episode.is_done and len(episode) > length:
+                        starts.append(episode[:length])
+                        ends.append(episode[-length:])
+        assert all(piece.is_terminated for piece in ends[:2])
+        assert not any(piece.is_done for piece in starts[:6])
+        pieces = [starts[0:3] + ends[0:1], starts[3:6] + ends[1:2]]  # one share per learner
+        before = algorithm.learner_group.get_state(components="learner")["learner"]
+
+        def one_update(learner):
+            """Build this learner's batch from its share (its learner connector) and take one
+            gradient step, synchronously (not through IMPALA's learner thread)."""
+            import torch.distributed as dist
+            from ray.rllib.core import DEFAULT_MODULE_ID
+            from ray.rllib.core.learner.learner import Learner
+            from ray.rllib.core.learner.training_data import TrainingData
+            from ray.rllib.utils.numpy import convert_to_numpy
+
+            rank = dist.get_rank()
+            batch = learner._make_batch_if_necessary(TrainingData(episodes=pieces[rank]))
+            rows = convert_to_numpy(dict(batch.policy_batches[DEFAULT_MODULE_ID]))
+            Learner.update(learner, training_data=TrainingData(batch=batch), timesteps={})
+            module = learner.module[DEFAULT_MODULE_ID].unwrapped()
+            weights = convert_to_numpy(module.state_dict())
+            grads = {n: p.grad.numpy().copy() for n, p in module.named_parameters()}
+            return rank, rows, weights, grads
+
+        results = algorithm.learner_group.foreach_learner(one_update)
+        (rank_a, rows_a, weights_a, grads_a), (rank_b, rows_b, weights_b, _) = sorted(
+            (r.get() for r in results.result_or_errors), key=lambda r: r[0]
+        )
+        assert (rank_a, rank_b) == (0, 1)
+        mask = "loss_mask"
+        assert rows_a[mask].sum() == rows_b[mask].sum() == 4 * length  # same number of loss steps
+        assert not np.array_equal(rows_a["obs"], rows_b["obs"])
+        for name, value in weights_a.items():  # DDP kept the replicas identical
+            np.testing.assert_array_equal(value, weights_b[name], err_msg=name)
+        start = convert_to_numpy(before["rl_module"][DEFAULT_MODULE_ID])
+        assert any(not np.allclose(weights_a[k], start[k]) for k in start)  # it stepped
+
+        # One learner, same state, one step on the union of the two batches.
+        reference = (
+            config.copy().learners(num_learners=0).build_learner(env=gym.make("CartPole-v1"))
+        )
+        try:
+            # Time-major, each learner's batch is whole rows of the fragment length (its last
+            # row zero-padded, masked): the union puts B's rows after A's.
+            length_t = config.get_rollout_fragment_length()
+            padded = [pad_to_whole_rows(rows, length_t) for rows in (rows_a, rows_b)]
+            union = {k: np.concatenate([p[k] for p in padded]) for k in rows_a}
+            batch = MultiAgentBatch(
+                {DEFAULT_MODULE_ID: SampleBatch(union, _zero_padded=True)},
+                env_steps=len(union[mask]),
+            )
+            reference.set_state(before)
+            Learner.update(reference, training_data=TrainingData(batch=batch), timesteps={})
+            expected = convert_to_numpy(reference.module[DEFAULT_MODULE_ID].state_dict())
+            expected_grads = {
+                n: p.grad.numpy().copy()
+                for n, p in reference.module[DEFAULT_MODULE_ID].named_parameters()
+            }
+        finally:
+            reference.shutdown()
+        for name, value in expected_grads.items():  # DDP's averaged gradient = the union's
+            np.testing.assert_allclose(grads_a[name], value, rtol=1e-4, atol=1e-6, err_msg=name)
+        for name, value in expected.items():
+            np.testing.assert_allclose(weights_a[name], value, rtol=1e-5, atol=1e-6, err_msg=name)
+    finally:
+        algorithm.stop()
