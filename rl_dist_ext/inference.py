@@ -38,6 +38,11 @@ import numpy as np
 from rl_dist_ext.validation import check_int, check_real
 
 
+class InferenceServerUnavailable(RuntimeError):
+    """The inference server did not answer a caller within its retry bound: it is down and
+    did not come back in time (restarting, or nowhere to restart because its node is gone)."""
+
+
 class InferencePolicy(Protocol):
     is_recurrent: bool
 

@@ -18,7 +18,7 @@ import numpy as np
 import ray
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-from rl_dist_ext.inference import InferenceReply
+from rl_dist_ext.inference import InferenceReply, InferenceServerUnavailable
 from rl_dist_ext.params import ParameterServer, VersionedWeights
 from rl_dist_ext.replay.shard import ReplayShardServer, ShardSpec
 from rl_dist_ext.weight_compression import check_encoding, decode_weights, encode_weights
@@ -207,7 +207,8 @@ class InferenceCaller:
     """One caller of the inference server (an actor or an env runner), from any process.
 
     Requests wait out a server restart (Ray restarts it; calls in flight fail) for up to
-    ``retry_s``. ``versions_used`` collects the weights version of every reply.
+    ``retry_s``, then raise :class:`~rl_dist_ext.inference.InferenceServerUnavailable`.
+    ``versions_used`` collects the weights version of every reply.
 
     Args:
         server: the inference server actor.
@@ -225,23 +226,35 @@ class InferenceCaller:
 
     def register(self) -> int:
         """Announce this caller; returns how often it registered before (restarts)."""
-        return ray.get(self.server.register.remote(self.caller), timeout=self._retry_s)
+        return self._call(lambda: self.server.register.remote(self.caller))
 
     def infer(self, obs: Any, module: str = "") -> InferenceReply:
         """The server's outputs for ``obs`` (``[N, ...]``), batched with other callers
         (multi-agent servers: with other requests for ``module``)."""
         obs = np.asarray(obs)
+        reply = self._call(lambda: self.server.infer.remote(self.caller, obs, module))
+        self.versions_used.append(reply.version)
+        return reply
+
+    def _call(self, submit: Any) -> Any:
+        """``ray.get(submit())``, sent again while the server is down, for up to ``retry_s``;
+        then :class:`~rl_dist_ext.inference.InferenceServerUnavailable`."""
         deadline = time.monotonic() + self._retry_s
         while True:
             try:
-                reply = ray.get(self.server.infer.remote(self.caller, obs, module))
-                break
-            except (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError):
-                if time.monotonic() > deadline:
-                    raise
+                return ray.get(submit(), timeout=max(deadline - time.monotonic(), 0.1))
+            except (
+                ray.exceptions.RayActorError,
+                ray.exceptions.ActorUnavailableError,
+                ray.exceptions.GetTimeoutError,
+            ) as error:
+                if time.monotonic() >= deadline:
+                    raise InferenceServerUnavailable(
+                        f"the inference server did not answer caller {self.caller!r} within "
+                        f"retry_s={self._retry_s} s: it is down (restarting, or no node has "
+                        "room to restart it)"
+                    ) from error
                 time.sleep(0.1)
-        self.versions_used.append(reply.version)
-        return reply
 
     def idle(self) -> None:
         """This caller sends nothing until its next request: batches stop waiting for it."""

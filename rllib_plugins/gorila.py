@@ -40,6 +40,7 @@ from rllib_plugins.action_masking import is_masked_space
 from rllib_plugins.central_inference import InferenceServerClient, server_module_spec
 from rllib_plugins.gorila_config import GorilaDQNConfig
 from rllib_plugins.resources import check_cluster_fits
+from rllib_plugins.runner_health import RunnerHealth
 
 log = logging.getLogger(__name__)
 
@@ -121,7 +122,7 @@ class GorilaDQN(DQN):
         self._runner_epsilons: dict[int, float] = {}
         self._last_iteration = (time.monotonic(), 0)
         self._replay_ready = False
-        self._runners_down = 0
+        self._runner_health = RunnerHealth("GorilaDQN", self.config.num_env_runners)
 
     @property
     def replays(self) -> dict[str, DistributedReplay]:
@@ -269,35 +270,13 @@ class GorilaDQN(DQN):
             "learner_weights_version": learner_version,
             "policy_lag_mean": lag.mean,
             "policy_lag_max": lag.max,
-            **self._runner_health(),
+            **self._runner_health.report(self.env_runner_group),
         }
         for runner_id, epsilon in sorted(self._runner_epsilons.items()):
             gorila[f"epsilon_runner_{runner_id}"] = epsilon
         self.metrics.log_dict(gorila, key="gorila", window=1)
         if self._inference is not None:
             self.metrics.log_dict(self._inference.stats(), key="central_inference", window=1)
-
-    def _runner_health(self) -> dict[str, int]:
-        """Healthy and down env runners; ``degraded`` (1) while some are down, with a warning
-        when that changes (e.g. a lost node whose runners have nowhere to restart)."""
-        healthy = self.env_runner_group.num_healthy_remote_workers()
-        down = self.config.num_env_runners - healthy
-        if down != self._runners_down:
-            if down > 0:
-                log.warning(
-                    "GorilaDQN runs degraded: %d of %d env runners are down (restarting, or "
-                    "waiting for resources to restart on); training goes on with the others",
-                    down,
-                    self.config.num_env_runners,
-                )
-            else:
-                log.warning("all %d env runners are healthy again", self.config.num_env_runners)
-            self._runners_down = down
-        return {
-            "num_healthy_env_runners": healthy,
-            "num_env_runners_down": down,
-            "degraded": int(down > 0),
-        }
 
     def _learner_weights_version(self) -> int:
         results = self.learner_group.foreach_learner(lambda learner: learner.weights_version)

@@ -24,6 +24,7 @@ updates, ``rl_dist_ext.params``).
 from __future__ import annotations
 
 import logging
+import time
 from typing import Any
 
 import gymnasium as gym
@@ -52,10 +53,15 @@ from rllib_plugins.central_inference import (
 )
 from rllib_plugins.multi_agent import trained_module_ids
 from rllib_plugins.resources import check_cluster_fits
+from rllib_plugins.runner_health import RunnerHealth
 
 log = logging.getLogger(__name__)
 
 METRICS_KEY = "central_inference"
+#: Results key of the env runners' health (``degraded`` while some are down).
+HEALTH_KEY = "vtrace"
+#: How long an iteration waits when every env runner is down (lost node, restarting).
+NO_RUNNER_WAIT_S = 0.5
 
 
 class _VTraceServerActing(CentralInferenceRunnerMixin):
@@ -185,6 +191,7 @@ class VTrace(IMPALA):
 
     def setup(self, config: VTraceConfig) -> None:
         self._inference: InferenceServerClient | None = None
+        self._runner_health = RunnerHealth("VTrace", config.num_env_runners)
         if config.uses_central_inference():
             _check_discrete_actions(config)
         check_cluster_fits(VTrace, config)
@@ -222,6 +229,13 @@ class VTrace(IMPALA):
         )
 
     def training_step(self) -> None:
+        health = self._runner_health.report(self.env_runner_group)
+        self.metrics.log_dict(health, key=HEALTH_KEY, window=1)
+        if self._runner_health.none_up(health):
+            # IMPALA would sample on the driver's env runner, which has no env: wait for RLlib
+            # to restart a runner (each iteration probes them) instead of failing the run.
+            time.sleep(NO_RUNNER_WAIT_S)
+            return None
         if self._inference is None:
             return super().training_step()
         # SEED mode: the runners hold no weights, so IMPALA never broadcasts them; the

@@ -338,3 +338,146 @@ def test_tianshou_gorila_loses_a_node_runs_degraded_and_recovers_when_a_node_joi
             collector.close()
         buffer.close()
         ray.kill(holder)
+
+
+def test_an_inference_server_whose_node_is_gone_makes_callers_raise_the_projects_error(
+    ray_nodes,
+):
+    """The SEED server runs on a worker node (the head's CPU is held) that dies, and no node has
+    room to restart it: a caller's request waits its bounded ``retry_s`` and raises the
+    project's error, not a raw Ray one, and the learner's side neither hangs nor raises. A
+    node joins: the server restarts there with its initial weights (version -1), the learner
+    sees that it needs weights, and requests are answered with the next push."""
+    import ray
+
+    from rl_dist_ext.inference import InferenceServerConfig, InferenceServerUnavailable
+    from rl_dist_ext.ray_actors import InferenceCaller, InferenceServerHandle, start_inference_server
+
+    @ray.remote(num_cpus=1)
+    class HoldsTheHeadCPU:
+        def ping(self) -> bool:
+            return True
+
+    class LinearPolicy:  # defined here: pickled by value, as worker nodes lack the tests
+        is_recurrent = False
+
+        def __init__(self, device: str) -> None:
+            self.weights = np.eye(3)
+
+        def __call__(self, obs: np.ndarray) -> dict[str, np.ndarray]:
+            return {"actions": (obs @ self.weights).argmax(axis=1)}
+
+        def set_weights(self, weights) -> None:
+            self.weights = np.asarray(weights)
+
+    holder = HoldsTheHeadCPU.remote()
+    ray.get(holder.ping.remote(), timeout=30)
+    worker = ray_nodes.add_node(num_cpus=1)
+    ray_nodes.wait_for_nodes()
+    server = InferenceServerHandle(
+        start_inference_server(
+            LinearPolicy, InferenceServerConfig(max_batch_size=8, max_wait_ms=1.0), num_cpus=1
+        )
+    )
+    caller = InferenceCaller(server.handle, "actor-0", retry_s=3.0)
+    obs = np.array([[0.0, 1.0, 0.0], [0.0, 0.0, 2.0]])
+    try:
+        assert node_of(server.handle) == worker.node_id
+        server.push(np.eye(3)[:, ::-1], 5)  # reversed: actions flip
+        reply = caller.infer(obs)
+        assert reply.version == 5 and list(reply.outputs["actions"]) == [1, 0]
+        remove_node(ray_nodes, worker)
+
+        started = time.monotonic()
+        with pytest.raises(InferenceServerUnavailable, match=r"actor-0.*3(\.0)? s"):
+            caller.infer(obs)
+        with pytest.raises(InferenceServerUnavailable, match="actor-0"):
+            caller.register()
+        assert time.monotonic() - started < 30  # bounded waits, not a hang
+        assert server.stats() == {}  # the learner's side warns and goes on
+        server.push(np.eye(3), 6)  # fire and forget, lost with the server
+
+        replacement = ray_nodes.add_node(num_cpus=1)
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                reply = caller.infer(obs)
+                break
+            except InferenceServerUnavailable:
+                assert time.monotonic() < deadline, "the server never came back"
+        assert node_of(server.handle) == replacement.node_id
+        assert reply.version == -1  # restarted: its initial weights
+        server.stats()
+        assert server.needs_weights()
+        server.push(np.eye(3)[:, ::-1], 7)
+        deadline = time.monotonic() + 10
+        while (reply := caller.infer(obs)).version != 7:
+            assert time.monotonic() < deadline
+        assert list(reply.outputs["actions"]) == [1, 0]
+    finally:
+        server.close()
+        ray.kill(holder)
+
+
+def test_rllib_vtrace_server_on_a_lost_node_restarts_on_a_surviving_node(ray_nodes):
+    """VTrace in SEED mode with the head's CPU held, so the inference server and the env
+    runner start on the one worker node. A second worker joins, then the first dies: for a
+    while no runner and no server is up, and the results say the run is degraded (IMPALA alone
+    would sample on the driver's env runner, which has no env, and fail). Ray restarts the
+    server and RLlib the runner on the surviving worker, the runner is reconnected, the learner
+    pushes its weights to the new server and training goes on."""
+    import ray
+    from test_rllib_vtrace import server_restarts, small_config
+
+    @ray.remote(num_cpus=1)
+    class HoldsTheHeadCPU:
+        def ping(self) -> bool:
+            return True
+
+    holder = HoldsTheHeadCPU.remote()
+    ray.get(holder.ping.remote(), timeout=30)
+    first = ray_nodes.add_node(num_cpus=1)
+    ray_nodes.wait_for_nodes()
+    algorithm = (
+        small_config(central=True)
+        .env_runners(num_env_runners=1, num_cpus_per_env_runner=0.4)
+        .resources(num_cpus_for_main_process=0)
+        .learners(num_learners=0, num_cpus_per_learner=0)
+        .central_inference(num_cpus=0.5)
+        .fault_tolerance(restart_failed_env_runners=True)
+        .build_algo()
+    )
+    try:
+        for _ in range(30):
+            result = algorithm.train()
+            metrics = result.get("central_inference", {})
+            if metrics.get("version", -1) > 0:
+                break
+        assert metrics["version"] > 0, metrics
+        assert result["vtrace"]["degraded"] == 0
+        assert node_of(algorithm._inference.handle) == first.node_id
+        assert runner_nodes(algorithm) == {1: first.node_id}
+        survivor = ray_nodes.add_node(num_cpus=1)
+        ray_nodes.wait_for_nodes()
+        pushed_before = algorithm._inference.version
+        remove_node(ray_nodes, first)
+
+        degraded = 0
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            result = algorithm.train()
+            degraded = max(degraded, result["vtrace"]["degraded"])
+            metrics = result.get("central_inference", {})
+            # A fresh server instance counts from zero: these requests came after the restart.
+            if metrics.get("num_requests", 0) > 100 and metrics.get("version", -1) > pushed_before:
+                break
+        assert degraded == 1  # the runner was down for a while, and the results said so
+        assert metrics.get("version", -1) > pushed_before, metrics
+        assert metrics["num_requests"] > 100, metrics
+        assert node_of(algorithm._inference.handle) == survivor.node_id
+        assert runner_nodes(algorithm) == {1: survivor.node_id}
+        assert server_restarts(algorithm._inference.handle) >= 1
+        assert result["vtrace"]["degraded"] == 0
+    finally:
+        algorithm.stop()
+        ray.kill(holder)
