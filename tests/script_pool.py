@@ -16,7 +16,8 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-#: runs side by side (more than the 2 cores can overlap only makes each run slower)
+#: runs side by side (more than the 2 cores can overlap only makes each run slower: measured,
+#: the smoke and README modules took 664 s three at a time against 573 s two at a time)
 CONCURRENT_RUNS = 2
 
 

@@ -31,7 +31,7 @@ SCRIPTS: dict[str, tuple[str, float]] = {
     ),
     "test_rllib_gorila_example_trains_and_writes_checkpoint_and_curve": (
         (
-            "examples/rllib_gorila_cartpole.py --env-steps 3000 --eval-every 1500 "
+            "examples/rllib_gorila_cartpole.py --env-steps 1500 --eval-every 750 "
             "--num-env-runners 2 --out {out}"
         ),
         240,
@@ -49,7 +49,7 @@ SCRIPTS: dict[str, tuple[str, float]] = {
     ),
     "test_tianshou_gorila_example_trains_and_writes_checkpoint_and_curve": (
         (
-            "examples/tianshou_gorila_cartpole.py --env-steps 3000 --epoch-steps 1500 "
+            "examples/tianshou_gorila_cartpole.py --env-steps 1500 --epoch-steps 750 "
             "--num-actors 2 --envs-per-actor 2 --out {out}"
         ),
         240,
@@ -65,7 +65,7 @@ SCRIPTS: dict[str, tuple[str, float]] = {
     "test_tianshou_vtrace_vs_ppo_bench_writes_json_and_table": (
         (
             "benchmarks/tianshou_vtrace_vs_ppo.py --seeds 0 --envs CartPole-v1 --algos "
-            "vtrace-seed a2c --baseline-layouts dummy:2 --max-seconds 3 --epoch-steps 1000 "
+            "vtrace-seed a2c --baseline-layouts dummy:2 --max-seconds 1.5 --epoch-steps 1000 "
             "--actors 1 --envs-per-actor 2 --out {out}"
         ),
         280,
@@ -102,7 +102,7 @@ SCRIPTS: dict[str, tuple[str, float]] = {
     "test_rllib_vtrace_vs_appo_bench_writes_json_and_table": (
         (
             "benchmarks/rllib_vtrace_vs_appo.py --seeds 0 --algos vtrace-central impala "
-            "--runners 1 --envs-per-runner 2 --max-seconds 4 --eval-every-s 2 --out {out}"
+            "--runners 1 --envs-per-runner 2 --max-seconds 2 --eval-every-s 1 --out {out}"
         ),
         240,
     ),

@@ -351,7 +351,11 @@ def test_an_inference_server_whose_node_is_gone_makes_callers_raise_the_projects
     import ray
 
     from rl_dist_ext.inference import InferenceServerConfig, InferenceServerUnavailable
-    from rl_dist_ext.ray_actors import InferenceCaller, InferenceServerHandle, start_inference_server
+    from rl_dist_ext.ray_actors import (
+        InferenceCaller,
+        InferenceServerHandle,
+        start_inference_server,
+    )
 
     @ray.remote(num_cpus=1)
     class HoldsTheHeadCPU:
