@@ -72,7 +72,7 @@ def test_env_makers_refuse_unknown_games():
 
 # ---- Tianshou ------------------------------------------------------------------------------------
 def test_tianshou_pixel_networks_scale_uint8_at_the_first_layer():
-    from tianshou_plugins.pixels import MinAtarQNet, pixel_q_network
+    from tianshou_plugins.pixels import MinAtarNet, pixel_q_network
 
     space = gym.spaces.Box(0, 255, (4, 84, 84), np.uint8)
     net = pixel_q_network(space, gym.spaces.Discrete(6))
@@ -82,10 +82,105 @@ def test_tianshou_pixel_networks_scale_uint8_at_the_first_layer():
     q_float, _ = net.module(torch.as_tensor(frames / 255.0, dtype=torch.float32))
     torch.testing.assert_close(q_uint8, q_float)
     small = pixel_q_network(gym.spaces.Box(0, 1, (4, 10, 10), np.uint8), gym.spaces.Discrete(3))
-    assert isinstance(small.module, MinAtarQNet)
+    assert isinstance(small.module, MinAtarNet)
     assert small(np.zeros((5, 4, 10, 10), np.uint8))[0].shape == (5, 3)
     with pytest.raises(ValueError, match="uint8 Box"):
         pixel_q_network(gym.spaces.Box(0, 1, (4,), np.float32), gym.spaces.Discrete(2))
+
+
+def test_tianshou_pixel_actor_critic_shares_one_trunk_and_scales_uint8_at_the_first_layer():
+    from tianshou.utils.net.common import ActorCritic
+
+    from tianshou_plugins.pixels import MinAtarNet, pixel_actor_critic
+
+    space = gym.spaces.Box(0, 255, (4, 84, 84), np.uint8)
+    actor, critic = pixel_actor_critic(space, gym.spaces.Discrete(6))
+    assert actor.preprocess is critic.preprocess  # one trunk, both losses train it
+    assert_nature_convs(actor)
+    frames = np.random.default_rng(0).integers(0, 256, (2, 4, 84, 84), dtype=np.uint8)
+    logits, _ = actor(frames)
+    assert logits.shape == (2, 6) and critic(frames).shape == (2, 1)
+    trunk = actor.preprocess.module
+    features, _ = actor.preprocess(frames)
+    expected, _ = trunk(torch.as_tensor(frames / 255.0, dtype=torch.float32))
+    torch.testing.assert_close(features, expected)
+    both = ActorCritic(actor, critic)
+    shared = sum(p.numel() for p in trunk.parameters())
+    heads = sum(p.numel() for p in actor.last.parameters()) + sum(
+        p.numel() for p in critic.last.parameters()
+    )
+    assert sum(p.numel() for p in both.parameters()) == shared + heads  # trunk counted once
+
+    small_actor, small_critic = pixel_actor_critic(
+        gym.spaces.Box(0, 1, (4, 10, 10), np.uint8), gym.spaces.Discrete(3)
+    )
+    assert isinstance(small_actor.preprocess.module, MinAtarNet)
+    assert small_actor.preprocess.get_output_dim() == 128
+    grids = np.ones((5, 4, 10, 10), np.uint8)
+    assert small_actor(grids)[0].shape == (5, 3) and small_critic(grids).shape == (5, 1)
+    with pytest.raises(ValueError, match="pixel_actor_critic needs a Discrete action space"):
+        pixel_actor_critic(space, gym.spaces.Box(-1, 1, (2,), np.float32))
+
+
+@pytest.mark.ray
+@pytest.mark.slow
+def test_tianshou_vtrace_trains_on_minatar_with_the_pixel_actor_critic(ray_session):
+    """VTrace (SEED-free, IMPALA mode) on MinAtar Breakout through Tianshou's on-policy
+    trainer: the actors' trajectories keep uint8 frames, and gradient steps update the shared
+    trunk."""
+    from tianshou.algorithm.modelfree.reinforce import ProbabilisticActorPolicy
+    from tianshou.algorithm.optim import AdamOptimizerFactory
+    from tianshou.trainer import OnPolicyTrainerParams
+
+    from tianshou_plugins import VTrace, VTraceCollector
+    from tianshou_plugins.pixels import pixel_actor_critic
+    from tianshou_plugins.vtrace import categorical_from_logits
+
+    env_factory = functools.partial(make_minatar, "breakout")
+    env = env_factory()
+    torch.manual_seed(0)
+    actor, critic = pixel_actor_critic(env.observation_space, env.action_space)
+    policy = ProbabilisticActorPolicy(
+        actor=actor,
+        dist_fn=categorical_from_logits,
+        action_scaling=False,
+        action_bound_method=None,
+        action_space=env.action_space,
+        observation_space=env.observation_space,
+        deterministic_eval=True,
+    )
+    env.close()
+    algo = VTrace(policy=policy, critic=critic, optim=AdamOptimizerFactory(lr=5e-4))
+    before = [p.detach().clone() for p in actor.preprocess.parameters()]
+    collector = None
+    try:
+        collector = VTraceCollector(
+            algo,
+            env_factory=env_factory,
+            num_actors=2,
+            envs_per_actor=2,
+            steps_per_env=16,
+            weight_sync_every_n_steps=64,
+            num_cpus_per_actor=0.1,
+            seed=0,
+        )
+        result = algo.run_training(
+            OnPolicyTrainerParams(
+                training_collector=collector,
+                max_epochs=1,
+                epoch_num_steps=512,
+                collection_step_num_env_steps=128,
+                batch_size=128,
+                show_progress=False,
+            )
+        )
+        assert result.train_step >= 512 and result.update_step > 0
+        assert collector.buffer.obs.dtype == np.uint8
+    finally:
+        if collector is not None:
+            collector.close()
+    after = list(actor.preprocess.parameters())
+    assert any(not torch.equal(b, a) for b, a in zip(before, after, strict=True))
 
 
 @pytest.mark.ray
