@@ -59,6 +59,22 @@ def remove_node(nodes, node) -> None:
         time.sleep(0.2)
 
 
+def hold_head_cpus(num_cpus: float = 1.0):
+    """An actor holding ``num_cpus`` of the head's CPU (the head has 1), so that what starts
+    next goes to worker nodes; ``ray.kill`` it afterwards. Its class is made here, so it is
+    pickled by value (worker processes do not import the tests)."""
+    import ray
+
+    @ray.remote(num_cpus=num_cpus)
+    class HoldsTheHeadCPU:
+        def ping(self) -> bool:
+            return True
+
+    holder = HoldsTheHeadCPU.remote()
+    ray.get(holder.ping.remote(), timeout=30)
+    return holder
+
+
 def replay_config(tmp_path, **overrides) -> DistributedReplayConfig:
     settings = {
         "num_shards": 3,
@@ -128,13 +144,7 @@ def test_a_shard_whose_node_is_gone_and_cannot_restart_raises_the_projects_error
     shard, which comes back with its snapshot."""
     import ray
 
-    @ray.remote(num_cpus=1)
-    class HoldsTheHeadCPU:
-        def ping(self) -> bool:
-            return True
-
-    holder = HoldsTheHeadCPU.remote()
-    ray.get(holder.ping.remote(), timeout=30)
+    holder = hold_head_cpus()
     worker = ray_nodes.add_node(num_cpus=1)
     ray_nodes.wait_for_nodes()
     replay = DistributedReplay(replay_config(tmp_path, num_shards=1, timeout_s=2.0))
@@ -282,13 +292,7 @@ def test_tianshou_gorila_loses_a_node_runs_degraded_and_recovers_when_a_node_joi
     import ray
     from test_tianshou_gorila import gradient_steps, make_algo, make_buffer, make_collector
 
-    @ray.remote(num_cpus=0.6)
-    class HoldsTheHeadCPU:
-        def ping(self) -> bool:
-            return True
-
-    holder = HoldsTheHeadCPU.remote()
-    ray.get(holder.ping.remote(), timeout=30)
+    holder = hold_head_cpus(0.6)
     workers = [ray_nodes.add_node(num_cpus=1) for _ in range(2)]
     ray_nodes.wait_for_nodes()
     algo = make_algo()
@@ -357,11 +361,6 @@ def test_an_inference_server_whose_node_is_gone_makes_callers_raise_the_projects
         start_inference_server,
     )
 
-    @ray.remote(num_cpus=1)
-    class HoldsTheHeadCPU:
-        def ping(self) -> bool:
-            return True
-
     class LinearPolicy:  # defined here: pickled by value, as worker nodes lack the tests
         is_recurrent = False
 
@@ -374,8 +373,7 @@ def test_an_inference_server_whose_node_is_gone_makes_callers_raise_the_projects
         def set_weights(self, weights) -> None:
             self.weights = np.asarray(weights)
 
-    holder = HoldsTheHeadCPU.remote()
-    ray.get(holder.ping.remote(), timeout=30)
+    holder = hold_head_cpus()
     worker = ray_nodes.add_node(num_cpus=1)
     ray_nodes.wait_for_nodes()
     server = InferenceServerHandle(
@@ -433,13 +431,7 @@ def test_rllib_vtrace_server_on_a_lost_node_restarts_on_a_surviving_node(ray_nod
     import ray
     from test_rllib_vtrace import server_restarts, small_config
 
-    @ray.remote(num_cpus=1)
-    class HoldsTheHeadCPU:
-        def ping(self) -> bool:
-            return True
-
-    holder = HoldsTheHeadCPU.remote()
-    ray.get(holder.ping.remote(), timeout=30)
+    holder = hold_head_cpus()
     first = ray_nodes.add_node(num_cpus=1)
     ray_nodes.wait_for_nodes()
     algorithm = (
