@@ -25,6 +25,11 @@ from typing import Any, NamedTuple, Protocol
 from rl_dist_ext.validation import check_int
 
 
+class ParameterServerUnavailable(RuntimeError):
+    """The parameter server did not answer for longer than the client's bound: it is down and
+    did not come back in time (restarting, or nowhere to restart because its node is gone)."""
+
+
 class VersionedWeights(NamedTuple):
     weights: Any
     version: int

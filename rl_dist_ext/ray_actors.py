@@ -19,7 +19,7 @@ import ray
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from rl_dist_ext.inference import InferenceReply, InferenceServerUnavailable
-from rl_dist_ext.params import ParameterServer, VersionedWeights
+from rl_dist_ext.params import ParameterServer, ParameterServerUnavailable, VersionedWeights
 from rl_dist_ext.replay.shard import ReplayShardServer, ShardSpec
 from rl_dist_ext.weight_compression import check_encoding, decode_weights, encode_weights
 
@@ -100,6 +100,12 @@ class ParameterServerClient:
     What the Gorila actor and learner steps (``rl_dist_ext.gorila``) talk to; picklable, so it
     travels to env runners and learner actors. ``publish`` waits for the server's answer (a
     version the server refuses raises here, on the learner).
+
+    While the server is down (Ray restarts it, empty) a pull finds nothing newer (the actor
+    keeps acting with the weights it holds) and a publish is missed (the next one reaches the
+    restarted server); both are logged. A server that has not answered this client for
+    ``timeout_s`` makes the next call raise
+    :class:`~rl_dist_ext.params.ParameterServerUnavailable`.
     """
 
     def __init__(
@@ -112,25 +118,41 @@ class ParameterServerClient:
         self.handle = handle
         self._timeout_s = timeout_s
         self.weights_encoding = check_encoding(weights_encoding)
+        self._down_since: float | None = None  # monotonic time of the first unanswered call
 
     def publish(self, weights: Any, version: int) -> int:
         """Store ``weights`` as ``version`` (encoded as ``weights_encoding``, see
-        :mod:`rl_dist_ext.weight_compression`); returns it. A server that is restarting (Ray
-        restarts it empty) misses this publish and gets the next one: that is logged, not
-        raised, so a learner never stops on it."""
+        :mod:`rl_dist_ext.weight_compression`); returns it, also when the server was down and
+        missed it."""
         sent = encode_weights(weights, self.weights_encoding)
-        try:
-            return ray.get(self.handle.publish.remote(sent, version), timeout=self._timeout_s)
-        except (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError) as error:
-            log.warning("parameter server missed weights version %d: %s", version, error)
-            return version
+        answer = self._call(lambda: self.handle.publish.remote(sent, version), f"version {version}")
+        return version if answer is None else answer
 
     def pull_if_newer(self, version: int) -> VersionedWeights | None:
-        """The newer weights (decoded to float32), or ``None``."""
-        latest = ray.get(self.handle.pull_if_newer.remote(version), timeout=self._timeout_s)
+        """The newer weights (decoded to float32), or ``None`` (also while the server is down)."""
+        latest = self._call(lambda: self.handle.pull_if_newer.remote(version), "a pull")
         if latest is None:
             return None
         return VersionedWeights(decode_weights(latest.weights), latest.version)
+
+    def _call(self, submit: Any, what: str) -> Any:
+        """``ray.get(submit())``; ``None`` while the server is down, for up to ``timeout_s``."""
+        try:
+            answer = ray.get(submit(), timeout=self._timeout_s)
+        except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError) as error:
+            now = time.monotonic()
+            if self._down_since is None:
+                self._down_since = now
+            if now - self._down_since >= self._timeout_s:
+                raise ParameterServerUnavailable(
+                    f"the parameter server has not answered for {now - self._down_since:.0f} s "
+                    f"(timeout_s={self._timeout_s:g}): it is down (restarting, or no node has "
+                    "room to restart it)"
+                ) from error
+            log.warning("parameter server is down, %s missed: %s", what, error)
+            return None
+        self._down_since = None
+        return answer
 
     def close(self) -> None:
         ray.kill(self.handle, no_restart=True)

@@ -294,7 +294,7 @@ def test_learner_publishes_restored_weights_under_a_new_version():
 
 
 @pytest.mark.ray
-def test_parameter_server_client_survives_a_server_restart(ray_session):
+def test_parameter_server_client_keeps_its_weights_while_the_server_restarts(ray_session):
     import time
 
     import ray
@@ -305,9 +305,14 @@ def test_parameter_server_client_survives_a_server_restart(ray_session):
     try:
         assert client.publish({"w": 0}, 0) == 0
         ray.kill(client.handle, no_restart=False)
-        client.publish({"w": 1}, 1)  # missed while restarting (logged), never raised
+        # Pulls and publishes during the restart: nothing newer (the actor keeps its weights),
+        # a missed publish is logged; neither raises (was: a raw ActorUnavailableError).
+        for version in range(1, 21):
+            latest = client.pull_if_newer(-1)
+            assert latest is None or latest.version < version
+            assert client.publish({"w": version}, version) == version
         deadline = time.monotonic() + 30
-        version = 2
+        version = 21
         while True:  # the next publishes reach the restarted (empty) server
             client.publish({"w": version}, version)
             latest = client.pull_if_newer(-1)
@@ -319,3 +324,29 @@ def test_parameter_server_client_survives_a_server_restart(ray_session):
         assert latest.weights == {"w": version}
     finally:
         client.close()
+
+
+@pytest.mark.ray
+def test_a_parameter_server_gone_for_good_raises_the_projects_error_after_timeout_s(
+    ray_session,
+):
+    import time
+
+    import ray
+
+    from rl_dist_ext.params import ParameterServerUnavailable
+    from rl_dist_ext.ray_actors import start_parameter_server
+
+    for call in ("pull", "publish"):
+        client = start_parameter_server(timeout_s=2)
+        client.publish({"w": 0}, 0)
+        ray.kill(client.handle, no_restart=True)
+        started = time.monotonic()
+        with pytest.raises(ParameterServerUnavailable, match="timeout_s=2"):
+            while time.monotonic() - started < 30:
+                if call == "pull":
+                    assert client.pull_if_newer(-1) is None  # within the bound: nothing newer
+                else:
+                    assert client.publish({"w": 1}, 1) == 1  # within the bound: logged
+                time.sleep(0.1)
+        assert time.monotonic() - started >= 2
