@@ -38,8 +38,10 @@ def resolve(uri: str) -> str:
 
 
 def join(uri: str, name: str) -> str:
-    """``uri/name`` for both local paths and URIs."""
-    return f"{uri.rstrip('/')}/{name}"
+    """``uri/name`` for both local paths and URIs; a URI's query (``?endpoint_override=...``,
+    the object store's address and options) stays after the path."""
+    base, mark, query = uri.partition("?") if "://" in uri else (uri, "", "")
+    return f"{base.rstrip('/')}/{name}{mark}{query}"
 
 
 def write_state(uri: str, state: Any) -> None:
