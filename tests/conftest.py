@@ -8,6 +8,16 @@ import time
 import pytest
 
 
+# Credentials for the test S3 server (tests/test_object_storage.py), set before Ray starts so
+# that replay shard actors see them too; the metadata probe of a missing AWS setup is skipped.
+for _name, _value in {
+    "AWS_ACCESS_KEY_ID": "testing",
+    "AWS_SECRET_ACCESS_KEY": "testing",
+    "AWS_EC2_METADATA_DISABLED": "true",
+}.items():
+    os.environ.setdefault(_name, _value)
+
+
 def start_session_ray() -> None:
     """The tests' one-node Ray session: 2 CPUs, no dashboard."""
     import ray

@@ -9,6 +9,7 @@ test order, when its first test starts; each test then waits for its own run and
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from collections.abc import Sequence
@@ -34,9 +35,18 @@ class Run:
 
 
 def _run(args: Sequence[str], cwd: Path, timeout: float) -> Run:
+    # RAY_ADDRESS=local: a script's ray.init() starts its own Ray even if a test's
+    # ray.cluster_utils.Cluster runs meanwhile (it registers itself as this machine's cluster,
+    # and a plain ray.init() would join it)
+    env = {**os.environ, "RAY_ADDRESS": "local"}
     try:
         proc = subprocess.run(
-            [sys.executable, *args], cwd=cwd, capture_output=True, text=True, timeout=timeout
+            [sys.executable, *args],
+            cwd=cwd,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
         )
     except subprocess.TimeoutExpired as error:
         out = error.stdout.decode() if isinstance(error.stdout, bytes) else error.stdout or ""

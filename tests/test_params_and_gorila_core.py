@@ -340,13 +340,15 @@ def test_a_parameter_server_gone_for_good_raises_the_projects_error_after_timeou
     for call in ("pull", "publish"):
         client = start_parameter_server(timeout_s=2)
         client.publish({"w": 0}, 0)
-        ray.kill(client.handle, no_restart=True)
-        started = time.monotonic()
+        ray.kill(client.handle, no_restart=True)  # takes effect a moment later
+        started, version = time.monotonic(), 0
         with pytest.raises(ParameterServerUnavailable, match="timeout_s=2"):
             while time.monotonic() - started < 30:
-                if call == "pull":
-                    assert client.pull_if_newer(-1) is None  # within the bound: nothing newer
-                else:
-                    assert client.publish({"w": 1}, 1) == 1  # within the bound: logged
+                version += 1
+                if call == "pull":  # within the bound: nothing newer (or the last weights)
+                    latest = client.pull_if_newer(-1)
+                    assert latest is None or latest.version == 0
+                else:  # within the bound: logged
+                    assert client.publish({"w": version}, version) == version
                 time.sleep(0.1)
         assert time.monotonic() - started >= 2
