@@ -7,7 +7,6 @@ import time
 
 import pytest
 
-
 # Credentials for the test S3 server (tests/test_object_storage.py), set before Ray starts so
 # that replay shard actors see them too; the metadata probe of a missing AWS setup is skipped.
 for _name, _value in {
