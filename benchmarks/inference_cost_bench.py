@@ -14,7 +14,10 @@ process (as every Ray actor here runs):
 From these, a bound for CPU-only machines, where every core is busy either way: env steps per
 CPU-second with local inference, ``1 / (env + forward(1))``, and with central inference,
 ``1 / (env + round trip CPU + forward(B) / B)``, for each batch size B the server could reach;
-their ratio is the most central inference can gain over local inference here.
+their ratio is the most central inference can gain over local inference here. A runner with E
+envs sends one request for all of them (the round trip per env step is divided by E) but then
+also runs its local forward pass at batch E: the second table gives that bound for E = 1, 4, 8
+at the best server batch.
 
 Writes ``benchmarks/results/inference_cost_bench.{json,md}``::
 
@@ -172,6 +175,11 @@ def main() -> None:
     trip_cpu = trip["caller_cpu_ms"] + trip["server_cpu_ms"]
     local_ms = env_ms + forward[1]
     bounds = {batch: local_ms / (env_ms + trip_cpu + forward[batch] / batch) for batch in BATCHES}
+    by_envs = {
+        envs: (env_ms + forward[envs] / envs)
+        / (env_ms + trip_cpu / envs + min(forward[b] / b for b in BATCHES if b >= envs))
+        for envs in (1, 4, 8)
+    }
     report = {
         "machine": {"cpus": os.cpu_count(), "platform": platform.platform()},
         "date": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
@@ -182,6 +190,7 @@ def main() -> None:
         "round_trip_cpu_ms": trip_cpu,
         "local_cpu_ms_per_step": local_ms,
         "central_over_local_bound": bounds,
+        "central_over_local_bound_by_envs_per_runner": by_envs,
         "args": {k: str(v) for k, v in vars(args).items()},
     }
     lines = [
@@ -210,7 +219,12 @@ def main() -> None:
         "- Bound: central / local env steps per CPU-second when every core is busy, "
         "local (env + forward(1)) over central (env + round trip CPU + forward(B) / B). "
         "Above 1, batching pays for the round trip; the pixel issue's target is 1.5.",
+        "",
+        "| envs per runner E | local CPU ms per env step | central / local bound |",
+        "|---:|---:|---:|",
     ]
+    for envs, bound in by_envs.items():
+        lines.append(f"| {envs} | {env_ms + forward[envs] / envs:.2f} | {bound:.2f} |")
     write_results(args.out / "inference_cost_bench", report, lines)
 
 

@@ -120,6 +120,13 @@ SCRIPTS: dict[str, tuple[str, float]] = {
         ),
         240,
     ),
+    "test_inference_cost_bench_writes_json_and_table": (
+        (
+            "benchmarks/inference_cost_bench.py --requests 50 --forward-repeats 2 "
+            "--env-steps 50 --out {out}"
+        ),
+        240,
+    ),
     "test_weight_sync_bench_writes_json_and_table": (
         ("benchmarks/weight_sync_bench.py --pullers 1 --pulls 2 --frames 32 --out {out}/weights"),
         240,
@@ -369,6 +376,15 @@ def test_pixel_replay_bench_writes_json_and_table(out_dir):
     for m in result["memory"]:
         assert 0 < m["bytes_per_row"] < m["raw_row_bytes"] / 20
     assert "| raw uint8 (ColumnarStorage) |" in (out_dir / "pixel.md").read_text()
+
+
+def test_inference_cost_bench_writes_json_and_table(out_dir):
+    result = json.loads((out_dir / "inference_cost_bench.json").read_text())
+    assert set(result["forward_ms"]) == {"1", "2", "4", "8", "16", "32", "64"}
+    trip = result["round_trip"]
+    assert trip["wall_ms"] > 0 and trip["caller_cpu_ms"] >= 0 and trip["server_cpu_ms"] >= 0
+    assert set(result["central_over_local_bound_by_envs_per_runner"]) == {"1", "4", "8"}
+    assert "| envs per runner E |" in (out_dir / "inference_cost_bench.md").read_text()
 
 
 def test_weight_sync_bench_writes_json_and_table(out_dir):
