@@ -52,7 +52,25 @@ def start_replay_shard(
     """Start one replay shard actor, in ``placement_group`` (bundle ``bundle_index``) if given,
     else placed by Ray's ``strategy`` (``"DEFAULT"`` or ``"SPREAD"``)."""
     options = _placement(num_cpus, placement_group, bundle_index, strategy=strategy)
-    return RemoteReplayShard.options(**options).remote(spec)
+    return _start_keeping_arguments(RemoteReplayShard, options, spec)
+
+
+def _start_keeping_arguments(
+    remote_cls: Any, options: dict[str, Any], *args: Any, **kwargs: Any
+) -> ray.actor.ActorHandle:
+    """``remote_cls.options(**options).remote(*args, **kwargs)``, every argument put in the
+    object store first and its reference kept on the returned handle.
+
+    Ray releases an actor's constructor arguments once the actor is up (ray#53727), so the
+    restart of an actor started with an argument above Ray's inline limit (100 KiB: a pixel
+    policy, a policy factory carrying weights) failed in its creation task and the actor
+    stayed dead. Held here, the arguments live as long as the handle the starter returned.
+    """
+    arg_refs = [ray.put(value) for value in args]
+    kwarg_refs = {name: ray.put(value) for name, value in kwargs.items()}
+    handle = remote_cls.options(**options).remote(*arg_refs, **kwarg_refs)
+    handle._rl_dist_ext_constructor_arguments = (arg_refs, kwarg_refs)
+    return handle
 
 
 def _placement(
@@ -193,9 +211,8 @@ def start_restartable_actor(
     Calls in flight at the death fail (no retries), so the caller sees and counts the loss.
     """
     remote_cls = ray.remote(max_restarts=-1, max_task_retries=0)(cls)
-    return remote_cls.options(**_placement(num_cpus, placement_group, bundle_index)).remote(
-        *args, **kwargs
-    )
+    options = _placement(num_cpus, placement_group, bundle_index)
+    return _start_keeping_arguments(remote_cls, options, *args, **kwargs)
 
 
 def start_inference_server(
@@ -222,7 +239,7 @@ def start_inference_server(
     options = _placement(num_cpus, placement_group, bundle_index)
     options["num_gpus"] = num_gpus
     remote_cls = ray.remote(max_restarts=-1, max_task_retries=0)(InferenceServer)
-    return remote_cls.options(**options).remote(policy_factory, config)
+    return _start_keeping_arguments(remote_cls, options, policy_factory, config)
 
 
 class InferenceCaller:

@@ -193,3 +193,106 @@ def test_application_errors_propagate_out_of_wait(start_pool):
     # An exception from the actor's own code is not an actor death.
     assert pool.stats.calls_lost == pool.stats.failures == 0
     assert pool.stats.calls_done == 1
+
+
+# ---- restarts of actors whose constructor arguments live in the object store -------------------
+
+#: larger than Ray's inline limit (100 KiB): a Nature-CNN policy pickles to ~6.7 MB
+LARGE_ARGUMENT_BYTES = 4_000_000
+
+
+def wait_for_restart(call, restarted, timeout_s: float = 60.0):
+    """``ray.get(call())`` once the killed actor answers from its new process
+    (``restarted(answer)``; ``ray.kill`` lands asynchronously)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            answer = ray.get(call(), timeout=30)
+            if restarted(answer):
+                return answer
+        except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError):
+            pass
+        assert time.monotonic() < deadline, "the actor did not come back"
+        time.sleep(0.2)
+
+
+def test_a_restartable_actor_with_large_constructor_arguments_comes_back_after_a_crash(
+    ray_session,
+):
+    """Ray frees an actor's constructor arguments once the actor is created (ray#53727), so a
+    restart of an actor started with a large argument (a pixel policy) failed in its creation
+    task and the actor stayed dead. The starter keeps the arguments alive with the handle."""
+    import gc
+
+    import numpy as np
+
+    from rl_dist_ext.ray_actors import start_restartable_actor
+
+    class Holder:
+        def __init__(self, payload: np.ndarray, *, scale: np.ndarray) -> None:
+            self.total = int(payload.sum() + scale.sum())
+            self.pid = os.getpid()
+
+        def answer(self) -> tuple[int, int]:
+            return self.pid, self.total
+
+    payload = np.ones(LARGE_ARGUMENT_BYTES, dtype=np.uint8)
+    handle = start_restartable_actor(
+        Holder, payload, scale=np.full(LARGE_ARGUMENT_BYTES, 2, np.uint8), num_cpus=0.05
+    )
+    try:
+        first_pid, total = ray.get(handle.answer.remote(), timeout=120)
+        assert total == 3 * LARGE_ARGUMENT_BYTES
+        del payload
+        gc.collect()
+        time.sleep(2.0)  # Ray releases creation arguments shortly after the actor is up
+        ray.kill(handle, no_restart=False)
+        _, total = wait_for_restart(handle.answer.remote, lambda answer: answer[0] != first_pid)
+        assert total == 3 * LARGE_ARGUMENT_BYTES
+    finally:
+        ray.kill(handle, no_restart=True)
+
+
+def test_an_inference_server_with_a_large_policy_factory_comes_back_after_a_crash(ray_session):
+    import gc
+
+    import numpy as np
+
+    from rl_dist_ext.inference import InferenceServerConfig
+    from rl_dist_ext.ray_actors import start_inference_server
+
+    class TablePolicy:
+        is_recurrent = False
+
+        def __init__(self, table: np.ndarray) -> None:
+            self.table = table
+
+        def __call__(self, obs: np.ndarray) -> dict[str, np.ndarray]:
+            return {"actions": np.full(len(obs), int(self.table[:10].sum()), dtype=np.int64)}
+
+        def set_weights(self, weights) -> None:
+            pass
+
+    class TableFactory:  # a factory that carries the policy's initial weights
+        def __init__(self, table: np.ndarray) -> None:
+            self.table = table
+
+        def __call__(self, device: str) -> TablePolicy:
+            return TablePolicy(self.table)
+
+    server = start_inference_server(
+        TableFactory(np.ones(LARGE_ARGUMENT_BYTES, dtype=np.uint8)),
+        InferenceServerConfig(max_batch_size=8, max_wait_ms=1.0),
+        num_cpus=0.05,
+    )
+    try:
+        reply = ray.get(server.infer.remote("caller-0", np.zeros((2, 3))), timeout=120)
+        assert reply.outputs["actions"].tolist() == [10, 10]
+        gc.collect()
+        time.sleep(2.0)  # Ray releases creation arguments shortly after the actor is up
+        ray.kill(server, no_restart=False)
+        wait_for_restart(server.stats.remote, lambda stats: stats["num_requests"] == 0)
+        reply = ray.get(server.infer.remote("caller-0", np.zeros((1, 3))), timeout=30)
+        assert reply.outputs["actions"].tolist() == [10]
+    finally:
+        ray.kill(server, no_restart=True)
