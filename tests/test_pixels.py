@@ -249,10 +249,36 @@ def test_tianshou_gorila_trains_on_pixels_with_compressed_uint8_replay(ray_sessi
         assert sample.batch["next_obs"].dtype == np.uint8
         stats = buffer.client.stats(wait=True)
         assert stats["compression_ratio"] > 5, stats
+        assert_a_crashed_actor_comes_back(collector)
     finally:
         if collector is not None:
             collector.close()
         buffer.close()
+
+
+def assert_a_crashed_actor_comes_back(collector) -> None:
+    """Kill actor 0: the rollout it had in flight is lost, and Ray's restart of it delivers
+    rollouts again. Its constructor takes the pickled pixel policy, above Ray's 100 KiB inline
+    limit, which Ray had released once the actor was up (ray#53727): the restart failed in the
+    creation task until the starter kept the arguments."""
+    import time
+
+    import ray
+
+    pool = collector._actor_pool
+    ray.kill(pool.handles[0], no_restart=False)
+    from_restarted: list = []
+    noticed = False
+    deadline = time.monotonic() + 120  # a restart imports Tianshou and torch again
+    while time.monotonic() < deadline:
+        results = collector._gather(n_step=32, n_episode=None)
+        if noticed:  # only rollouts started after the loss was seen come from the new process
+            from_restarted += [r for r in results if r["actor_index"] == 0]
+            if from_restarted:
+                break
+        noticed = pool.stats.failures_per_actor[0] >= 1
+    assert noticed, "the killed actor's lost rollout was never counted"
+    assert from_restarted, "the killed actor never delivered a rollout again"
 
 
 # ---- RLlib ---------------------------------------------------------------------------------------
