@@ -281,6 +281,11 @@ def run_one(algo_name: str, env: str, seed: int, args) -> dict:
     return tianshou_run(algo_name, seed, args)
 
 
+def best_return(run: dict) -> float | None:
+    """A run's best greedy test return (RLlib runs: their screens; Tianshou: the trainer's)."""
+    return run.get("best_screen_return", run.get("best_test_return"))
+
+
 def plot(runs: dict[str, list[dict]], path: Path, target: float) -> None:
     import matplotlib
 
@@ -345,10 +350,7 @@ def main() -> None:
 
     def fastest(name: str) -> tuple[float, float]:
         """Median time, then (among arms that never got there) the higher best return."""
-        best = max(
-            run.get("best_screen_return", run.get("best_test_return")) or 0.0 for run in runs[name]
-        )
-        return (medians[name] or inf, -best)
+        return (medians[name] or inf, -max(best_return(run) or 0.0 for run in runs[name]))
 
     best_gorila = min(gorilas, key=fastest, default=None)
     best_dqn = min(dqns, key=fastest, default=None)
@@ -395,7 +397,7 @@ def main() -> None:
     ]
     for name in args.algos:
         for run in runs[name]:
-            best = run.get("best_screen_return", run.get("best_test_return"))
+            best = best_return(run)
             lines.append(
                 f"| {name} | {run['seed']} | {fmt(run['seconds_to_target'])} | "
                 f"{run['env_steps']:,} | {best if best is None else round(best, 2)} |"
