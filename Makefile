@@ -1,13 +1,18 @@
 # Two commands a new user needs: `make demo` and `make test`. Both build .venv from scratch when
 # it is missing. torch==2.13.0 is installed first so that nothing else pulls a multi-GB CUDA build
 # (on these machines that version is a CPU wheel on local disk).
+#
+# Test tiers (tests/tiers.py): `make test-fast` runs the tests that start no process (no Ray, no
+# subprocess) in a few minutes; `make test` (what CI runs) runs every test that guards behaviour,
+# the fast tier first; `make test-long` runs what needs more time, outside CI (learning tests
+# over several seeds, long smoke runs).
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 TORCH_SPEC ?= torch==2.13.0
 
-.PHONY: demo test lint bench clean
+.PHONY: demo test test-fast test-long lint bench clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -20,7 +25,13 @@ demo: $(STAMP)
 	$(PY) examples/rllib_gorila_cartpole.py
 
 test: $(STAMP)
-	$(PY) -m pytest $(PYTEST_ARGS)
+	$(PY) -m pytest -m "not long" $(PYTEST_ARGS)
+
+test-fast: $(STAMP)
+	$(PY) -m pytest -m fast $(PYTEST_ARGS)
+
+test-long: $(STAMP)
+	$(PY) -m pytest -m "long or learning" $(PYTEST_ARGS)
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .

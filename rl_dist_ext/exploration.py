@@ -10,8 +10,14 @@ import numpy as np
 
 from rl_dist_ext.validation import check_int
 
+#: The paper's ladder: ``eps = 0.4``, ``alpha = 7`` (the defaults of both adapters).
+EPSILON_BASE = 0.4
+EPSILON_ALPHA = 7.0
 
-def apex_epsilons(num_actors: int, base: float = 0.4, alpha: float = 7.0) -> np.ndarray:
+
+def apex_epsilons(
+    num_actors: int, base: float = EPSILON_BASE, alpha: float = EPSILON_ALPHA
+) -> np.ndarray:
     """The ``[num_actors]`` float64 epsilon ladder, ``base`` down to ``base ** (1 + alpha)``.
 
     Raises:

@@ -1,4 +1,6 @@
-"""The one place where ``ray.remote`` is applied to rl-dist-ext's plain classes.
+"""The one place where ``ray.remote`` is applied to rl-dist-ext's plain classes (the replay
+shard, :mod:`rl_dist_ext.replay.distributed.shard_actor`, comes through
+:func:`start_restartable_actor`).
 
 Besides the actor starters: :class:`ParameterServerClient` (a parameter server handle with the
 plain class's methods, for the Gorila steps), :class:`InferenceCaller` (one actor's or env
@@ -11,7 +13,6 @@ from __future__ import annotations
 
 import logging
 import time
-import warnings
 from typing import Any
 
 import numpy as np
@@ -20,39 +21,9 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from rl_dist_ext.inference import InferenceReply, InferenceServerUnavailable
 from rl_dist_ext.params import ParameterServer, ParameterServerUnavailable, VersionedWeights
-from rl_dist_ext.replay.shard import ReplayShardServer, ShardSpec
 from rl_dist_ext.weight_compression import check_encoding, decode_weights, encode_weights
 
 log = logging.getLogger(__name__)
-
-
-class _RestartAwareReplayShard(ReplayShardServer):
-    """Restores the shard's snapshot only when Ray restarts the actor, not on a fresh start."""
-
-    def __init__(self, spec: ShardSpec) -> None:
-        with warnings.catch_warnings():  # Ray's own property warns about a deprecated field
-            warnings.simplefilter("ignore", DeprecationWarning)
-            restarted = ray.get_runtime_context().was_current_actor_reconstructed
-        super().__init__(spec, restore_snapshot=restarted)
-
-
-# Restarted without limit by Ray when its process dies; calls in flight then fail (no retries)
-# and the client routes around the shard until it is back, with its latest snapshot restored.
-RemoteReplayShard = ray.remote(max_restarts=-1, max_task_retries=0)(_RestartAwareReplayShard)
-
-
-def start_replay_shard(
-    spec: ShardSpec,
-    *,
-    num_cpus: float,
-    placement_group: Any = None,
-    bundle_index: int = -1,
-    strategy: str = "DEFAULT",
-) -> ray.actor.ActorHandle:
-    """Start one replay shard actor, in ``placement_group`` (bundle ``bundle_index``) if given,
-    else placed by Ray's ``strategy`` (``"DEFAULT"`` or ``"SPREAD"``)."""
-    options = _placement(num_cpus, placement_group, bundle_index, strategy=strategy)
-    return _start_keeping_arguments(RemoteReplayShard, options, spec)
 
 
 def _start_keeping_arguments(
@@ -204,14 +175,17 @@ def start_restartable_actor(
     num_cpus: float,
     placement_group: Any = None,
     bundle_index: int = -1,
+    strategy: str = "DEFAULT",
     **kwargs: Any,
 ) -> ray.actor.ActorHandle:
     """Start a plain class as a Ray actor that Ray restarts (same arguments) when its process dies.
 
     Calls in flight at the death fail (no retries), so the caller sees and counts the loss.
+    Placed in ``placement_group`` (bundle ``bundle_index``) if given, else by Ray's scheduling
+    ``strategy`` (``"DEFAULT"`` or ``"SPREAD"``).
     """
     remote_cls = ray.remote(max_restarts=-1, max_task_retries=0)(cls)
-    options = _placement(num_cpus, placement_group, bundle_index)
+    options = _placement(num_cpus, placement_group, bundle_index, strategy=strategy)
     return _start_keeping_arguments(remote_cls, options, *args, **kwargs)
 
 

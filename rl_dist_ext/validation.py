@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import numbers
 import sys
 from typing import Any
@@ -43,3 +44,22 @@ def check_real(
             bound += f" and <= {high}"
         raise ValueError(f"{name} must be a number {bound}, got {value!r}")
     return float(value)
+
+
+def with_settings(base: Any, settings: dict[str, Any]) -> Any:
+    """``base`` (a settings dataclass) with the given fields replaced, validated again.
+
+    How an adapter "takes or builds" one settings object: it takes ``base`` (the object a user
+    passed, or the adapter's defaults) and the keyword settings of the same names. A name the
+    dataclass does not have raises ``TypeError`` naming it and the fields it has.
+    """
+    if not settings:
+        return base
+    fields = {f.name for f in dataclasses.fields(base) if f.init}
+    unknown = sorted(set(settings) - fields)
+    if unknown:
+        raise TypeError(
+            f"{type(base).__name__} has no setting {', '.join(map(repr, unknown))}; its "
+            f"settings are {', '.join(sorted(fields))}"
+        )
+    return dataclasses.replace(base, **settings)

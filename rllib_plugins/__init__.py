@@ -8,8 +8,7 @@ mappings, :mod:`rllib_plugins.action_masking` the modules that honour action mas
 """
 
 from rllib_plugins.action_masking import ActionMaskingDQNTorchRLModule, RandomLegalActionRLModule
-from rllib_plugins.gorila import GorilaDQN
-from rllib_plugins.gorila_config import GorilaDQNConfig
+from rllib_plugins.gorila import GorilaDQN, GorilaDQNConfig
 from rllib_plugins.gorila_env_runner import GorilaEnvRunner, GorilaMultiAgentEnvRunner
 from rllib_plugins.gorila_learner import GorilaDQNTorchLearner
 from rllib_plugins.pettingzoo import AlternatingSeats, PettingZooCreator, ShareOneModule

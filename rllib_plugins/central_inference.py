@@ -34,7 +34,6 @@ from rl_dist_ext.inference import InferenceServerConfig
 from rl_dist_ext.ray_actors import InferenceCaller, InferenceServerHandle, start_inference_server
 from rl_dist_ext.validation import check_int, check_real
 from rllib_plugins.action_masking import split_masked
-from rllib_plugins.config_setters import set_provided
 
 log = logging.getLogger(__name__)
 
@@ -312,8 +311,16 @@ class CentralInferenceSettingsMixin:
                 with ``num_gpus > 0`` the server's module runs on the GPU. ``num_gpus="auto"``
                 (default): 0.5 GPU when the cluster has one (shared with the learner), else 0.
         """
-        values = {k: v for k, v in locals().items() if k != "self"}
-        set_provided(self, values, {k: f"central_inference_{k}" for k in values})
+        if enabled is not NotProvided:
+            self.central_inference_enabled = enabled
+        if max_batch_size is not NotProvided:
+            self.central_inference_max_batch_size = max_batch_size
+        if max_wait_ms is not NotProvided:
+            self.central_inference_max_wait_ms = max_wait_ms
+        if num_cpus is not NotProvided:
+            self.central_inference_num_cpus = num_cpus
+        if num_gpus is not NotProvided:
+            self.central_inference_num_gpus = num_gpus
         return self
 
     def uses_central_inference(self) -> bool:

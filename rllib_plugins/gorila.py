@@ -1,4 +1,5 @@
-"""``GorilaDQN``: Gorila / Ape-X DQN as an RLlib (new API stack) algorithm.
+"""``GorilaDQN`` and ``GorilaDQNConfig``: Gorila / Ape-X DQN as an RLlib (new API stack)
+algorithm, and RLlib's DQN config plus the Gorila / Ape-X settings, validated before start.
 
 Env runners (``GorilaEnvRunner``) act continuously with their own Ape-X epsilon, fold n-step
 transitions, compute initial priorities and push them to a sharded, prioritized replay
@@ -14,17 +15,16 @@ and the learner samples a batch from each in every update (``rl_dist_ext.gorila.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from pathlib import Path
 from typing import Any
 
-import gymnasium as gym
 import ray
-from ray.rllib.algorithms.algorithm import Algorithm
-from ray.rllib.algorithms.dqn import DQN
+from ray.rllib.algorithms.dqn import DQN, DQNConfig
 from ray.rllib.core import DEFAULT_MODULE_ID
-from ray.rllib.env.multi_agent_episode import MultiAgentEpisode
+from ray.rllib.utils.from_config import NotProvided
 from ray.rllib.utils.metrics import (
     ENV_RUNNER_RESULTS,
     LEARNER_RESULTS,
@@ -33,20 +33,359 @@ from ray.rllib.utils.metrics import (
 )
 from ray.tune.execution.placement_groups import PlacementGroupFactory
 
+from rl_dist_ext.exploration import EPSILON_ALPHA, EPSILON_BASE
 from rl_dist_ext.params import policy_lag
 from rl_dist_ext.ray_actors import start_parameter_server
-from rl_dist_ext.replay.distributed import DistributedReplay
-from rllib_plugins.action_masking import is_masked_space
-from rllib_plugins.central_inference import InferenceServerClient, server_module_spec
-from rllib_plugins.gorila_config import GorilaDQNConfig
+from rl_dist_ext.replay import snapshot
+from rl_dist_ext.replay.distributed import (
+    DistributedReplay,
+    DistributedReplayConfig,
+    check_snapshot_dir_reachable,
+)
+from rl_dist_ext.validation import check_int
+from rl_dist_ext.weight_compression import check_encoding
+from rllib_plugins.central_inference import (
+    CentralInferenceSettingsMixin,
+    InferenceServerClient,
+    server_module_spec,
+)
+from rllib_plugins.env_checks import check_env_spaces
+from rllib_plugins.gorila_env_runner import GorilaEnvRunner, GorilaMultiAgentEnvRunner
+from rllib_plugins.gorila_learner import GorilaDQNTorchLearner
+from rllib_plugins.multi_agent import trained_module_ids
 from rllib_plugins.resources import check_cluster_fits
 from rllib_plugins.runner_health import RunnerHealth
+
+try:
+    from typing import Self
+except ImportError:  # Python 3.10
+    from typing_extensions import Self
 
 log = logging.getLogger(__name__)
 
 ACT_TAG = "gorila_act"
 LEARN_CHUNK = 8  # gradient updates between two polls of the env runners
 REPLAY_DIR = "replay"
+
+
+#: Where GorilaDQN's replay differs from DistributedReplayConfig's defaults, and why.
+REPLAY_DEFAULTS: dict[str, Any] = {
+    # 16 sampled rows per inserted row, held by the shards' rate limiters. Left free (None),
+    # the ratio is whatever the machine gives (about 8 on 2 cores) and the greedy policy kept
+    # falling back after reaching 400-500 on CartPole.
+    "samples_per_insert": 16.0,
+}
+#: The DistributedReplayConfig fields replay() takes (the others are the algorithm's).
+REPLAY_SETTINGS = frozenset(f.name for f in dataclasses.fields(DistributedReplayConfig)) - {
+    "placement_group",
+    "bundle_indices",
+    "seed",
+}
+
+#: DQN's target period (env steps) in GorilaDQN: never reached, its learner counts updates.
+DQN_TARGET_SYNC_OFF = 2**62
+DQN_DEFAULT_TARGET_PERIOD = DQNConfig().target_network_update_freq
+
+
+class GorilaDQNConfig(CentralInferenceSettingsMixin, DQNConfig):
+    """Configuration of :class:`rllib_plugins.GorilaDQN`.
+
+    On top of :class:`~ray.rllib.algorithms.dqn.DQNConfig` (``lr``, ``gamma``, ``n_step``,
+    ``dueling``, ``double_q``, ``td_error_loss_fn``, ``train_batch_size_per_learner``, ...):
+
+    - ``.training(target_update_every_n_updates=250, weight_sync_every_n_steps=400,
+      updates_per_iteration=64, env_steps_per_request=128, publish_every_n_updates=8,
+      epsilon_base=0.4, epsilon_alpha=7.0)``: the target network is hard-updated every C
+      *gradient updates*; env runners pull newer weights every K of their env steps; the learner
+      publishes weights every ``publish_every_n_updates`` updates; runner ``i`` of ``N`` explores
+      with Ape-X epsilon ``epsilon_base ** (1 + (i - 1) / (N - 1) * epsilon_alpha)``. DQN's
+      ``lr`` defaults to 1e-3 and ``train_batch_size_per_learner`` to 128 here.
+    - ``.replay(num_shards=..., capacity=..., samples_per_insert=..., prioritized=..., ...)``:
+      the distributed replay; every field of
+      :class:`rl_dist_ext.replay.distributed.DistributedReplayConfig`, with its defaults except
+      where :data:`REPLAY_DEFAULTS` says otherwise (``samples_per_insert=16``: the replay
+      ratio, sampled rows per inserted row, that the rate limiter holds by making the runners
+      or the learner wait; ``None`` lets both run free).
+    - ``num_cpus_per_env_runner`` defaults to 0.2 (Ray's logical CPUs): 4 runners, the 2
+      shards and the driver fit on a 2-core laptop. Runner connector states are not merged
+      after each iteration (RLlib's blocking merge would wait behind the runners' requests).
+    - ``.central_inference(enabled=False, max_batch_size=64, max_wait_ms=2.0, num_cpus=1.0,
+      num_gpus="auto")``: SEED mode (``num_gpus="auto"``: 0.5 GPU for the
+      server when the cluster has one, else 0). Runners send observations to one
+      inference server that returns Q-values; each runner still applies its own epsilon and
+      computes initial priorities from the server's Q-values. Weights go to the server, not to
+      the runners.
+
+    Multi-agent envs (PettingZoo through RLlib's ``PettingZooEnv`` / ``ParallelPettingZooEnv``)
+    take RLlib's own ``.multi_agent(policies=..., policy_mapping_fn=..., policies_to_train=...)``:
+    one shared module (parameter sharing) or one per agent group, each trained module with its
+    own sharded replay (``num_shards`` each) and priorities, n-step folding per agent, the Ape-X
+    epsilon per runner on every trained module. The rate limiters count env steps
+    (``multi_agent(count_steps_by="env_steps")``, RLlib's default): ``samples_per_insert`` is
+    then each module's sampled rows per env step; ``"agent_steps"`` (one trained module only)
+    counts that module's rows. PettingZoo action masks (``{"observation", "action_mask"}``
+    observations) are honoured when acting, in the initial priorities and in the double-DQN
+    target: the default module is
+    :class:`~rllib_plugins.action_masking.ActionMaskingDQNTorchRLModule`.
+
+    Example::
+
+        config = (GorilaDQNConfig().environment("CartPole-v1")
+                  .env_runners(num_env_runners=4, num_envs_per_env_runner=4)
+                  .training(lr=1e-3, n_step=3, target_update_every_n_updates=250)
+                  .replay(num_shards=2, capacity=100_000, samples_per_insert=16))
+        algo = config.build_algo()
+    """
+
+    def __init__(self, algo_class: type | None = None) -> None:
+        super().__init__(algo_class=algo_class or GorilaDQN)
+        # RLlib settings with Gorila defaults, chosen so that the defaults learn CartPole on a
+        # 2-core laptop and stay learned (benchmarks/results, README "Choosing the defaults").
+        self.n_step = 3
+        self.lr = 1e-3
+        self.train_batch_size_per_learner = 128
+        self.num_env_runners = 2
+        # Ray's logical CPUs per runner: 4 runners, 2 shards and the driver fit in 2 CPUs (a
+        # laptop). Runners step envs without pause; on a cluster, raise this to spread them.
+        self.num_cpus_per_env_runner = 0.2
+        self.env_runner_cls = GorilaEnvRunner
+        # A second request queued per runner keeps it acting while the driver is learning.
+        self.max_requests_in_flight_per_env_runner = 2
+        # RLlib merges and broadcasts the runners' connector states after every iteration with
+        # a blocking call per runner, which would queue behind the runners' acting requests
+        # (up to sync_filters_on_rollout_workers_timeout_s = 10 s per iteration). Gorila
+        # runners keep their own state; the replay holds raw observations.
+        self.merge_env_runner_states = False
+        self.broadcast_env_runner_states = False
+        self.min_sample_timesteps_per_iteration = 1000
+        self.min_time_s_per_iteration = None
+        # The distributed replay replaces DQN's local one.
+        self.replay_buffer_config = {"type": "EpisodeReplayBuffer", "no_local_replay_buffer": True}
+        self._init_central_inference(enabled=False)
+        # Gorila / Ape-X. The target period counts gradient updates (target_update_every_n_updates);
+        # DQN's own period, in env steps, is set out of reach so that its learner never syncs.
+        self.target_network_update_freq = DQN_TARGET_SYNC_OFF
+        self.target_update_every_n_updates = 250
+        self.weight_sync_every_n_steps = 400
+        self.updates_per_iteration = 64
+        self.env_steps_per_request = 128
+        self.publish_every_n_updates = 8
+        self.epsilon_base = EPSILON_BASE
+        self.epsilon_alpha = EPSILON_ALPHA
+        self.weights_encoding = "fp32"  # how weights travel to runners (exact by default)
+        # Replay: what .replay(...) set, over REPLAY_DEFAULTS; the rest are
+        # DistributedReplayConfig's defaults (built and validated in validate()).
+        self.replay_settings: dict[str, Any] = dict(REPLAY_DEFAULTS)
+        self.replay_prioritized = True
+        self.checkpoint_replay = True
+
+    def training(
+        self,
+        *,
+        target_update_every_n_updates: int = NotProvided,
+        weight_sync_every_n_steps: int = NotProvided,
+        updates_per_iteration: int = NotProvided,
+        env_steps_per_request: int = NotProvided,
+        publish_every_n_updates: int = NotProvided,
+        epsilon_base: float = NotProvided,
+        epsilon_alpha: float = NotProvided,
+        weights_encoding: str = NotProvided,
+        **kwargs: Any,
+    ) -> Self:
+        """DQN's ``training()`` settings plus the Gorila ones (see the class docstring).
+
+        ``weights_encoding``: how published weights travel to the runners: ``"fp32"`` (exact,
+        the default), ``"fp16"`` or ``"int8"`` (see ``rl_dist_ext.weight_compression``)."""
+        super().training(**kwargs)
+        if target_update_every_n_updates is not NotProvided:
+            self.target_update_every_n_updates = target_update_every_n_updates
+        if weight_sync_every_n_steps is not NotProvided:
+            self.weight_sync_every_n_steps = weight_sync_every_n_steps
+        if updates_per_iteration is not NotProvided:
+            self.updates_per_iteration = updates_per_iteration
+        if env_steps_per_request is not NotProvided:
+            self.env_steps_per_request = env_steps_per_request
+        if publish_every_n_updates is not NotProvided:
+            self.publish_every_n_updates = publish_every_n_updates
+        if epsilon_base is not NotProvided:
+            self.epsilon_base = epsilon_base
+        if epsilon_alpha is not NotProvided:
+            self.epsilon_alpha = epsilon_alpha
+        if weights_encoding is not NotProvided:
+            self.weights_encoding = weights_encoding
+        return self
+
+    def replay(
+        self,
+        *,
+        prioritized: bool = NotProvided,
+        checkpoint: bool = NotProvided,
+        **settings: Any,
+    ) -> Self:
+        """Settings of the sharded replay: any field of
+        :class:`~rl_dist_ext.replay.distributed.DistributedReplayConfig` (``num_shards``,
+        ``capacity``, ``alpha``, ``beta``, ``samples_per_insert``, ``batches_per_request``,
+        ``compression``, ``shard_placement``, ``snapshot_dir``, ...), whose defaults hold except
+        where :data:`REPLAY_DEFAULTS` says otherwise. A value may be a Tune search space
+        (``samples_per_insert=tune.grid_search([8, 16])``): values are checked when the
+        algorithm is built (:meth:`validate`), names here.
+
+        ``prioritized=False``: uniform replay (``alpha = beta = 0``). ``checkpoint=False``
+        leaves the replay out of checkpoints. ``placement_group``, ``bundle_indices`` and
+        ``seed`` are the algorithm's (its placement group under Tune, ``debugging(seed=...)``).
+
+        ``shard_placement``: ``"DEFAULT"`` or ``"SPREAD"`` (shards on as many nodes as there
+        are) for ``config.build_algo()``. Under Tune the trial's placement group holds the
+        shards, placed by RLlib's ``config.resources(placement_strategy=...)`` ("PACK" by
+        default; "SPREAD" spreads all of the trial's bundles).
+        """
+        unknown = sorted(set(settings) - REPLAY_SETTINGS)
+        if unknown:
+            raise TypeError(
+                f"replay() has no setting {', '.join(map(repr, unknown))}; it takes "
+                f"prioritized, checkpoint and {', '.join(sorted(REPLAY_SETTINGS))}"
+            )
+        if prioritized is not NotProvided:
+            self.replay_prioritized = prioritized
+        if checkpoint is not NotProvided:
+            self.checkpoint_replay = checkpoint
+        self.replay_settings = {**self.replay_settings, **settings}
+        return self
+
+    def get_default_rl_module_spec(self):
+        """RLlib's DQN module, reading PettingZoo action masks where the observations have them
+        (:class:`~rllib_plugins.action_masking.ActionMaskingDQNTorchRLModule`)."""
+        from ray.rllib.core.rl_module.rl_module import RLModuleSpec
+
+        from rllib_plugins.action_masking import ActionMaskingDQNTorchRLModule
+
+        if self.framework_str != "torch":
+            raise ValueError(
+                f"GorilaDQN supports framework='torch' only, got {self.framework_str!r}"
+            )
+        return RLModuleSpec(
+            module_class=ActionMaskingDQNTorchRLModule, model_config=self.model_config
+        )
+
+    def trained_module_ids(self) -> list[str]:
+        """The modules that learn (and get a replay each); see
+        :func:`rllib_plugins.multi_agent.trained_module_ids`."""
+        return trained_module_ids(self)
+
+    def validate(self) -> None:
+        self._match_env_runner_to_env()
+        super().validate()
+        if self.in_evaluation:  # evaluation runners only act greedily; nothing Gorila to check
+            return
+        if self.is_multi_agent:
+            self._validate_multi_agent()
+        for name in (
+            "target_update_every_n_updates",
+            "weight_sync_every_n_steps",
+            "updates_per_iteration",
+            "env_steps_per_request",
+            "publish_every_n_updates",
+            "train_batch_size_per_learner",
+            "num_env_runners",
+        ):
+            check_int(name, getattr(self, name), 1)
+        check_int("n_step", self.n_step, 1)  # GorilaDQN folds a fixed n on the actors
+        if self.target_network_update_freq == DQN_DEFAULT_TARGET_PERIOD:
+            # DQN's untouched default, as configs saved by rl-dist-ext 0.1 carry it.
+            self.target_network_update_freq = DQN_TARGET_SYNC_OFF
+        if self.target_network_update_freq != DQN_TARGET_SYNC_OFF:
+            raise ValueError(
+                f"target_network_update_freq={self.target_network_update_freq!r}: GorilaDQN "
+                "counts its target period in gradient updates; set "
+                "training(target_update_every_n_updates=...) instead"
+            )
+        if not 0.0 <= self.epsilon_base <= 1.0:
+            raise ValueError(f"epsilon_base must be in [0, 1], got {self.epsilon_base!r}")
+        if not self.epsilon_alpha >= 0.0:
+            raise ValueError(f"epsilon_alpha must be >= 0, got {self.epsilon_alpha!r}")
+        check_encoding(self.weights_encoding)
+        if self.num_atoms != 1:
+            raise ValueError(
+                f"num_atoms={self.num_atoms}: distributional Q-learning is not supported by "
+                "GorilaDQN; use num_atoms=1"
+            )
+        if self.noisy:
+            raise ValueError("noisy=True is not supported by GorilaDQN (it explores by epsilon)")
+        replay = self.replay_config()  # raises ValueError naming a bad replay field
+        if ray.is_initialized():  # else build_algo starts a one-node Ray: any path works
+            check_snapshot_dir_reachable(replay.snapshot_dir)
+        self.validate_central_inference()
+
+    def _match_env_runner_to_env(self) -> None:
+        """Gorila's single-agent runner for single-agent envs, the multi-agent one otherwise
+        (a user's own runner class is left alone)."""
+        if self.env_runner_cls in (GorilaEnvRunner, GorilaMultiAgentEnvRunner):
+            self.env_runner_cls = (
+                GorilaMultiAgentEnvRunner if self.is_multi_agent else GorilaEnvRunner
+            )
+
+    def _validate_multi_agent(self) -> None:
+        trained = self.trained_module_ids()
+        if not trained:
+            raise ValueError(
+                f"multi_agent(policies_to_train={self.policies_to_train!r}) leaves no module of "
+                f"{sorted(self.policies)} to train"
+            )
+        if self.count_steps_by not in ("env_steps", "agent_steps"):
+            raise ValueError(
+                f"multi_agent(count_steps_by={self.count_steps_by!r}) must be 'env_steps' or "
+                "'agent_steps'"
+            )
+        if self.count_steps_by == "agent_steps" and len(trained) > 1:
+            raise ValueError(
+                f"multi_agent(count_steps_by='agent_steps') with {len(trained)} trained modules "
+                f"{trained}: each module's rate limiter would count its own agent steps, and a "
+                "learner that samples every module in each update can then be held by one "
+                "module's limiter while the runners are held by another's. Use "
+                "count_steps_by='env_steps' (the default), which credits every module's replay "
+                "with each env step"
+            )
+
+    def replay_config(
+        self,
+        *,
+        placement_group: Any = None,
+        bundle_indices: tuple[int, ...] | None = None,
+        module: str | None = None,
+    ) -> DistributedReplayConfig:
+        """The :class:`DistributedReplayConfig` these settings describe (raises ``ValueError``
+        naming a bad field); with ``module`` (a multi-agent run), that module's: snapshots under
+        ``snapshot_dir/<module>``, its own seeds."""
+        settings = dict(self.replay_settings)
+        seed = self.seed
+        if module is not None and self.is_multi_agent:
+            index = self.trained_module_ids().index(module)
+            if settings.get("snapshot_dir") is not None:
+                settings["snapshot_dir"] = snapshot.join(settings["snapshot_dir"], module)
+            if seed is not None:
+                seed += 1000 * index
+        if not self.replay_prioritized:
+            settings.update(alpha=0.0, beta=0.0)
+        if placement_group is not None:  # the group's strategy places the shards
+            settings["shard_placement"] = "DEFAULT"
+        return DistributedReplayConfig(
+            **settings,
+            placement_group=placement_group,
+            bundle_indices=bundle_indices,
+            seed=seed,
+        )
+
+    def get_default_learner_class(self):
+        if self.framework_str != "torch":
+            raise ValueError(
+                f"GorilaDQN supports framework='torch' only, got {self.framework_str!r}"
+            )
+        return GorilaDQNTorchLearner
+
+    @property
+    def num_trained_modules(self) -> int:
+        """Replays the run starts (one per trained module; 1 for a single-agent env)."""
+        return len(self.trained_module_ids()) if self.is_multi_agent else 1
 
 
 class GorilaDQN(DQN):
@@ -62,9 +401,10 @@ class GorilaDQN(DQN):
         SEED mode, one for the inference server (last)."""
         base = super().default_resource_request(config)
         config = cls.get_default_config().update_from_dict(config)
-        shard = {"CPU": config.replay_num_cpus_per_shard}
+        replay = config.replay_config()
+        shard = {"CPU": replay.num_cpus_per_shard}
         server = [config.inference_server_bundle()] if config.uses_central_inference() else []
-        shards = config.replay_num_shards * config.num_trained_modules
+        shards = replay.num_shards * config.num_trained_modules
         return PlacementGroupFactory(
             bundles=[*base.bundles, *[shard] * shards, *server],
             strategy=base.strategy,
@@ -72,7 +412,7 @@ class GorilaDQN(DQN):
 
     # ---- setup / teardown ---------------------------------------------------------------------
     def setup(self, config: GorilaDQNConfig) -> None:
-        _check_env_spaces(config)
+        check_env_spaces(config)
         check_cluster_fits(GorilaDQN, config)
         self._replays: dict[str, DistributedReplay] = {}
         self._param_server = None
@@ -81,7 +421,7 @@ class GorilaDQN(DQN):
             super().setup(config)  # a failure here must not leave the env runners running
             placement_group = ray.util.get_current_placement_group()
             modules = config.trained_module_ids() if config.is_multi_agent else [DEFAULT_MODULE_ID]
-            num_shards = config.replay_num_shards
+            num_shards = config.replay_config().num_shards
             server_bundle = -1
             first_shard_bundle = None
             if placement_group is not None:
@@ -189,7 +529,6 @@ class GorilaDQN(DQN):
 
     # ---- one iteration ------------------------------------------------------------------------
     def training_step(self) -> None:
-        config: GorilaDQNConfig = self.config
         with self.metrics.log_time((TIMERS, "gorila_act")):
             self._act()
         with self.metrics.log_time((TIMERS, "gorila_replay_stats")):
@@ -200,7 +539,8 @@ class GorilaDQN(DQN):
                 for module, replay in self._replays.items()
             }
         self._replay_ready |= all(
-            stats["size"] >= config.replay_min_size_to_sample for stats in replay_stats.values()
+            stats["size"] >= self._replays[module].config.min_size_to_sample
+            for module, stats in replay_stats.items()
         )
         learned = self._replay_ready
         if learned:
@@ -318,6 +658,7 @@ _REPLAY_METRICS = {
     "replay_size": "size",
     "replay_samples_per_insert": "samples_per_insert",
     "replay_rate_limiter_ratio": "rate_limiter_ratio",
+    "replay_samples_per_insert_limit": "samples_per_insert_limit",
     "replay_insert_rate": "insert_rate",
     "replay_sample_rate": "sample_rate",
     "replay_sample_wait_s": "sample_wait_s",
@@ -352,83 +693,3 @@ def _replay_metrics(stats: dict[str, dict[str, Any]], *, multi_agent: bool) -> d
             if name in _SUMMED:
                 out[name] += module_stats[key]
     return out
-
-
-def _check_env_spaces(config: GorilaDQNConfig) -> None:
-    """Discrete actions and Box (or PettingZoo masked) observations, and, multi-agent, a
-    mapping onto the configured modules under which agents sharing a module share their spaces:
-    checked on one env before any actor starts."""
-    if config.is_multi_agent:
-        _check_multi_agent_spaces(config)
-        return
-    observation_space, action_space = config.observation_space, config.action_space
-    if observation_space is None or action_space is None:
-        env = _make_env(config)
-        try:
-            observation_space = observation_space or env.observation_space
-            action_space = action_space or env.action_space
-        finally:
-            env.close()
-    _check_module_spaces(f"env {config.env!r}", observation_space, action_space)
-
-
-def _make_env(config: GorilaDQNConfig):
-    _, creator = Algorithm._get_env_id_and_creator(config.env, config)
-    return creator(config.env_config)
-
-
-def _check_module_spaces(what: str, observation_space, action_space) -> None:
-    if not isinstance(action_space, gym.spaces.Discrete):
-        raise ValueError(f"GorilaDQN needs a Discrete action space; {what} has {action_space}")
-    if not (isinstance(observation_space, gym.spaces.Box) or is_masked_space(observation_space)):
-        raise ValueError(
-            f"GorilaDQN needs a Box observation space (or PettingZoo's Dict of 'observation' "
-            f"and 'action_mask'); {what} has {observation_space} (wrap it, e.g. with "
-            "gymnasium.wrappers.FlattenObservation)"
-        )
-
-
-#: Episodes the policy mapping is probed with (mappings that alternate seats by episode).
-MAPPING_PROBES = 16
-
-
-def _check_multi_agent_spaces(config: GorilaDQNConfig) -> None:
-    env = _make_env(config)
-    try:
-        agents = sorted(getattr(env, "possible_agents", None) or env.agents)
-        spaces = {
-            agent: (env.get_observation_space(agent), env.get_action_space(agent))
-            for agent in agents
-        }
-    finally:
-        env.close()
-    agents_of: dict[str, set[str]] = {}
-    for _ in range(MAPPING_PROBES):
-        episode = MultiAgentEpisode()
-        for agent in agents:
-            try:
-                module = config.policy_mapping_fn(agent, episode)
-            except Exception as error:
-                raise ValueError(
-                    f"multi_agent(policy_mapping_fn=...) failed for agent {agent!r}: "
-                    f"{type(error).__name__}: {error}"
-                ) from error
-            if module not in config.policies:
-                raise ValueError(
-                    f"multi_agent(policy_mapping_fn=...) maps agent {agent!r} to {module!r}, "
-                    f"which is not among the policies {sorted(config.policies)}"
-                )
-            agents_of.setdefault(module, set()).add(agent)
-    for module in config.trained_module_ids():
-        mapped = sorted(agents_of.get(module, ()))
-        if not mapped:
-            log.warning("trained module %r gets no agent from policy_mapping_fn", module)
-            continue
-        first = mapped[0]
-        for agent in mapped:
-            _check_module_spaces(f"agent {agent!r} (module {module!r})", *spaces[agent])
-            if spaces[agent] != spaces[first]:
-                raise ValueError(
-                    f"agents {first!r} and {agent!r} share module {module!r} but have different "
-                    f"spaces: {spaces[first]} vs {spaces[agent]}; map them to different modules"
-                )

@@ -92,6 +92,7 @@ class GorilaDQNTorchLearner(GorilaLearnerCounters, OptimizeTrainedModulesOnly, D
             export_weights=self.actor_weights,
         )
         self._last_td_error: dict[str, torch.Tensor] = {}
+        self._beta = config.replay_config().beta  # 0 with replay(prioritized=False)
 
     # ---- wiring -------------------------------------------------------------------------------
     def connect(self, replays: dict[str, Any], parameter_server, inference_server=None) -> int:
@@ -145,7 +146,7 @@ class GorilaDQNTorchLearner(GorilaLearnerCounters, OptimizeTrainedModulesOnly, D
             return {module: self._last_td_error[module] for module in samples}
 
         stats = self.gorila.update_modules(
-            num_updates, beta=self.config.effective_beta, gradient_step=gradient_step
+            num_updates, beta=self._beta, gradient_step=gradient_step
         )
         metrics = {
             "replay_sample_wait_fraction": stats.sample_wait_s / stats.seconds,

@@ -20,11 +20,12 @@ ALGORITHMS = {"GorilaDQN": _gorila_dqn, "VTrace": _vtrace}
 
 def register_algorithms() -> None:
     """Make ``tune.Tuner(name)``, ``get_trainable_cls(name)`` and
-    ``AlgorithmConfig(algo_class=name)`` work for ``"GorilaDQN"`` and ``"VTrace"``."""
+    ``AlgorithmConfig(algo_class=name)`` work for ``"GorilaDQN"`` and ``"VTrace"``
+    (``register_trainable``), and list them in RLlib's algorithm registry beside its own
+    (``registry.ALGORITHMS``, a module dict: see docs/internals.md)."""
     from ray.rllib.algorithms import registry
     from ray.tune.registry import register_trainable
 
     for name, loader in ALGORITHMS.items():
         registry.ALGORITHMS[name] = loader
-        registry.ALGORITHMS_CLASS_TO_NAME[loader()[0].__name__] = name
         register_trainable(name, loader()[0])

@@ -9,8 +9,6 @@ import pytest
 
 from rl_dist_ext.actor_pool import ActorPool
 
-pytestmark = pytest.mark.ray
-
 ray = pytest.importorskip("ray")
 
 

@@ -24,6 +24,7 @@ RAY_MODULES = {
     "rl_dist_ext/ray_actors.py",
     "rl_dist_ext/actor_pool.py",
     "rl_dist_ext/replay/distributed/client.py",
+    "rl_dist_ext/replay/distributed/shard_actor.py",
     "rl_dist_ext/replay/distributed/shards.py",
     "rl_dist_ext/replay/distributed/inserts.py",
     "rl_dist_ext/replay/distributed/sampling.py",
@@ -71,6 +72,7 @@ print(json.dumps(bad))
 """
 
 
+@pytest.mark.subprocess  # a fresh interpreter: this one has loaded Ray already
 def test_core_import_does_not_load_ray_or_tianshou():
     code = _PROBE.format(modules=CORE_MODULES, forbidden=FORBIDDEN_TOP_LEVEL)
     proc = subprocess.run(

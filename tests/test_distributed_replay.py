@@ -17,8 +17,6 @@ from rl_dist_ext.replay.distributed import (
     RateLimitTimeout,
 )
 
-pytestmark = pytest.mark.ray
-
 
 def rows(start: int, n: int) -> dict[str, np.ndarray]:
     """Rows whose ``id`` column is their global row number."""
@@ -34,9 +32,11 @@ def config(**overrides) -> DistributedReplayConfig:
         "num_shards": 2,
         "capacity": 1_000,
         "min_size_to_sample": 1,
-        "num_cpus_per_shard": 0.1,
         "seed": 0,
         "timeout_s": 20.0,
+        # one batch per sample request and priorities sent at once: what most of these tests
+        # check; the tests of batches_per_request > 1 (the default, 4) set it
+        "batches_per_request": 1,
     }
     settings.update(overrides)
     return DistributedReplayConfig(**settings)
@@ -681,7 +681,6 @@ def test_stats_report_a_dead_shard_without_waiting_for_it(make_replay):
     assert stats["shard_failures"] == 1 and stats["size_per_shard"][1] is None
 
 
-@pytest.mark.ray
 def test_an_insert_counts_for_the_rate_limiter_what_its_count_says(make_replay):
     """Multi-agent actors credit each module's replay with env steps, not rows: the count
     travels through the client to the shard's limiter (and into the stats)."""

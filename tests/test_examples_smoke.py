@@ -17,7 +17,7 @@ from script_pool import ScriptPool, selected_names
 
 ROOT = Path(__file__).resolve().parents[1]
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.subprocess
 
 #: test -> (script and its arguments, ``{out}`` standing for the test's output folder;
 #: timeout in s)

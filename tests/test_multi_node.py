@@ -19,8 +19,6 @@ from rl_dist_ext.replay.distributed import (
     ReplayUnavailable,
 )
 
-pytestmark = [pytest.mark.ray, pytest.mark.slow]
-
 
 @pytest.fixture(autouse=True)
 def only_the_head_afterwards(ray_nodes):

@@ -58,7 +58,6 @@ def test_state_and_text_files_round_trip_on_s3(s3):
     assert snapshot.read_text(snapshot.join(base, "missing.json")) is None
 
 
-@pytest.mark.ray
 def test_a_killed_shard_restores_its_s3_snapshot_and_checkpoints_round_trip(ray_session, s3):
     import ray
 

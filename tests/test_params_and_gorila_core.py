@@ -293,7 +293,6 @@ def test_learner_publishes_restored_weights_under_a_new_version():
     assert learner.publish(new_version=True) == 1 and server.version() == 1
 
 
-@pytest.mark.ray
 def test_parameter_server_client_keeps_its_weights_while_the_server_restarts(ray_session):
     import time
 
@@ -326,7 +325,6 @@ def test_parameter_server_client_keeps_its_weights_while_the_server_restarts(ray
         client.close()
 
 
-@pytest.mark.ray
 def test_a_parameter_server_gone_for_good_raises_the_projects_error_after_timeout_s(
     ray_session,
 ):

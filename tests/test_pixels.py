@@ -122,8 +122,6 @@ def test_tianshou_pixel_actor_critic_shares_one_trunk_and_scales_uint8_at_the_fi
         pixel_actor_critic(space, gym.spaces.Box(-1, 1, (2,), np.float32))
 
 
-@pytest.mark.ray
-@pytest.mark.slow
 def test_tianshou_vtrace_trains_on_minatar_with_the_pixel_actor_critic(ray_session):
     """VTrace (SEED-free, IMPALA mode) on MinAtar Breakout through Tianshou's on-policy
     trainer: the actors' trajectories keep uint8 frames, and gradient steps update the shared
@@ -183,8 +181,6 @@ def test_tianshou_vtrace_trains_on_minatar_with_the_pixel_actor_critic(ray_sessi
     assert any(not torch.equal(b, a) for b, a in zip(before, after, strict=True))
 
 
-@pytest.mark.ray
-@pytest.mark.slow
 @pytest.mark.parametrize(
     "env_factory",
     [
@@ -301,8 +297,6 @@ def test_rllib_module_gets_the_nature_cnn_and_scales_uint8_inside():
     torch.testing.assert_close(q_uint8["qf_preds"], q_float["qf_preds"])
 
 
-@pytest.mark.ray
-@pytest.mark.slow
 @pytest.mark.parametrize("env", ["minatar:breakout", "ALE/Pong-v5"], ids=["minatar", "atari"])
 def test_rllib_gorila_trains_on_pixels_with_compressed_uint8_replay(ray_session, env):
     from rllib_plugins import GorilaDQNConfig
@@ -370,8 +364,6 @@ def test_rllib_vtrace_module_scales_uint8_inside_and_uses_the_nature_cnn():
     torch.testing.assert_close(values, module.compute_values({Columns.OBS: as_floats}))
 
 
-@pytest.mark.ray
-@pytest.mark.slow
 def test_rllib_vtrace_trains_on_minatar(ray_session):
     from rllib_plugins import VTraceConfig
     from rllib_plugins.pixels import pixel_env

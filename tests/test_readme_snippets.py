@@ -17,7 +17,7 @@ from script_pool import ScriptPool, selected_names
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.subprocess
 
 
 def snippets() -> list[tuple[str, str]]:

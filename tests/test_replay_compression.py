@@ -206,7 +206,6 @@ def test_a_restarted_shard_restores_its_compressed_rows_from_the_snapshot(tmp_pa
     asyncio.run(run())
 
 
-@pytest.mark.ray
 def test_distributed_replay_compresses_on_the_actor_and_survives_a_killed_shard(
     ray_session, tmp_path
 ):

@@ -9,8 +9,6 @@ import numpy as np
 import pytest
 import torch
 
-pytestmark = pytest.mark.ray
-
 ray = pytest.importorskip("ray")
 
 

@@ -9,24 +9,23 @@ from __future__ import annotations
 
 import pytest
 from test_rllib_gorila import small_config
+from tiers import learning_seeds
 
 from rllib_plugins.evaluation import greedy_return
-
-pytestmark = [pytest.mark.ray, pytest.mark.slow]
-
 
 BUDGET_ENV_STEPS = 50_000
 EVAL_EVERY_ENV_STEPS = 5_000
 
 
-def test_learns_cartpole_within_env_step_budget(ray_session):
-    """The greedy policy reaches a return >= 150 (5 episodes) within 50k env steps (seed 0).
+@pytest.mark.parametrize("seed", learning_seeds())
+def test_learns_cartpole_within_env_step_budget(ray_session, seed):
+    """The greedy policy reaches a return >= 150 (5 episodes) within 50k env steps.
 
     Acting and learning run concurrently, so a run is not bit-for-bit repeatable even when
     seeded; the greedy policy is therefore checked every 5k env steps, and the test passes as
     soon as one check reaches 150 inside the budget.
     """
-    algorithm = small_config(updates_per_iteration=64).build_algo()
+    algorithm = small_config(updates_per_iteration=64).debugging(seed=seed).build_algo()
     scores = []
     try:
         untrained = greedy_return(algorithm.get_module(), "CartPole-v1", episodes=5, seed=1000)
@@ -48,3 +47,34 @@ def test_learns_cartpole_within_env_step_budget(ray_session):
     finally:
         algorithm.stop()
     assert max(score for _, score in scores) >= 150, f"greedy returns by env steps: {scores}"
+
+
+def test_tune_sweeps_a_replay_setting(ray_session, tmp_path):
+    """``.replay()`` takes a Tune search space (values are checked when each trial builds its
+    algorithm), and each trial's rate limiters hold that trial's value."""
+    from ray import tune
+
+    # 0.9 CPU a trial (main 0.3, 2 runners x 0.2, 2 shards x 0.1): both trials run at once
+    config = (
+        small_config()
+        .resources(num_cpus_for_main_process=0.3)
+        .replay(samples_per_insert=tune.grid_search([2.0, 32.0]))
+    )
+    with pytest.raises(ValueError, match="samples_per_insert"):
+        config.validate()  # a search space is no value: only Tune resolves it
+    results = tune.Tuner(
+        "GorilaDQN",
+        param_space=config,
+        run_config=tune.RunConfig(
+            stop={"training_iteration": 2}, storage_path=str(tmp_path), verbose=0
+        ),
+    ).fit()
+    assert not results.errors
+    limits = {}
+    for result in results:
+        gorila = result.metrics["gorila"]
+        limits[result.config["replay_settings"]["samples_per_insert"]] = gorila
+        assert gorila["replay_samples_per_insert_limit"] == pytest.approx(
+            result.config["replay_settings"]["samples_per_insert"]
+        )
+    assert sorted(limits) == [2.0, 32.0]

@@ -10,8 +10,6 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-pytestmark = pytest.mark.ray
-
 ray = pytest.importorskip("ray")
 pytest.importorskip("pettingzoo")
 

@@ -17,11 +17,10 @@ from __future__ import annotations
 
 import pytest
 from test_rllib_multi_agent import spread_config, tictactoe_config, vtrace_spread_config
+from tiers import learning_seeds
 
 from rl_dist_ext.games import play_against_random, team_return
 from rllib_plugins.pettingzoo import greedy_act
-
-pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
 WIN_RATE = 0.7
 TICTACTOE_BUDGET = 30_000
@@ -65,9 +64,10 @@ def train_until(algorithm, score, threshold: float, budget: int, every: int) -> 
     return checks
 
 
-def test_gorila_dqn_beats_a_random_tictactoe_player(envs):
+@pytest.mark.parametrize("seed", learning_seeds())
+def test_gorila_dqn_beats_a_random_tictactoe_player(envs, seed):
     config = tictactoe_config(n_step=1, gamma=0.9, updates_per_iteration=32)
-    algorithm = config.env_runners(num_envs_per_env_runner=4).build_algo()
+    algorithm = config.env_runners(num_envs_per_env_runner=4).debugging(seed=seed).build_algo()
     try:
         checks = train_until(algorithm, tictactoe_win_rate, WIN_RATE, TICTACTOE_BUDGET, 3_000)
     finally:
@@ -75,8 +75,9 @@ def test_gorila_dqn_beats_a_random_tictactoe_player(envs):
     assert max(s for _, s in checks) >= WIN_RATE, f"win rates by env steps: {checks}"
 
 
-def test_gorila_dqn_shared_module_improves_the_spread_team_return(envs):
-    config = spread_config(n_step=3, gamma=0.95, updates_per_iteration=32)
+@pytest.mark.parametrize("seed", learning_seeds())
+def test_gorila_dqn_shared_module_improves_the_spread_team_return(envs, seed):
+    config = spread_config(n_step=3, gamma=0.95, updates_per_iteration=32).debugging(seed=seed)
     algorithm = config.replay(capacity=50_000, min_size_to_sample=1_000).build_algo()
     try:
         checks = train_until(
@@ -87,8 +88,9 @@ def test_gorila_dqn_shared_module_improves_the_spread_team_return(envs):
     assert max(s for _, s in checks) >= TEAM_RETURN, f"team returns by env steps: {checks}"
 
 
-def test_vtrace_shared_module_improves_the_spread_team_return(envs):
-    config = vtrace_spread_config().env_runners(num_envs_per_env_runner=4)
+@pytest.mark.parametrize("seed", learning_seeds())
+def test_vtrace_shared_module_improves_the_spread_team_return(envs, seed):
+    config = vtrace_spread_config().env_runners(num_envs_per_env_runner=4).debugging(seed=seed)
     config = config.training(
         train_batch_size_per_learner=400, lr=5e-4, gamma=0.95, entropy_coeff=0.01
     )

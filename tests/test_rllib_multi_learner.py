@@ -12,8 +12,6 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-pytestmark = [pytest.mark.ray, pytest.mark.slow]
-
 ray = pytest.importorskip("ray")
 
 

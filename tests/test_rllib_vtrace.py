@@ -430,7 +430,6 @@ def test_valid_edge_values_pass_validation():
     small_config(central=False).env_runners(num_env_runners=0).validate()
 
 
-@pytest.mark.ray
 @pytest.mark.parametrize(
     ("change", "match"),
     [
@@ -449,7 +448,6 @@ def test_bad_configs_raise_before_any_actor_starts(ray_session, change, match):
 # ---- the inference server as a Ray actor -------------------------------------------------------
 
 
-@pytest.mark.ray
 def test_inference_server_actor_batches_callers_versions_and_restarts(ray_session):
     from rl_dist_ext.inference import InferenceServerConfig
     from rl_dist_ext.ray_actors import start_inference_server
@@ -635,7 +633,6 @@ def seed_algo(ray_session):
     algorithm.stop()
 
 
-@pytest.mark.ray
 def test_seed_mode_reports_server_metrics_and_policy_lag(seed_algo):
     algorithm, _ = seed_algo
     history = []
@@ -692,7 +689,6 @@ def sampled_steps(algorithm, num_timesteps: int) -> list[tuple[np.ndarray, ...]]
     return [steps for runner in per_runner for steps in runner]
 
 
-@pytest.mark.ray
 def test_seed_mode_records_the_logp_of_the_weights_version_that_acted(seed_algo):
     """The ``action_logp`` V-trace reads as mu(a|x) is log_softmax(logits)[a] of the weights the
     server held when it chose the action, checked for two versions in a row."""
@@ -717,7 +713,6 @@ def test_seed_mode_records_the_logp_of_the_weights_version_that_acted(seed_algo)
         previous = copy.deepcopy(module)
 
 
-@pytest.mark.ray
 def test_runners_never_hold_learner_weights_and_the_server_does(seed_algo):
     algorithm, initial = seed_algo
     train_until_learned(algorithm)
@@ -737,7 +732,6 @@ def test_runners_never_hold_learner_weights_and_the_server_does(seed_algo):
     )
 
 
-@pytest.mark.ray
 def test_seed_runners_infer_through_an_rlmodule_without_patched_methods(seed_algo):
     """SEED goes through RLlib's public hooks: the runner's module is a ServerInferenceRLModule
     (whose unwrapped() is RLlib's own module); no method is replaced on a module instance."""
@@ -774,7 +768,6 @@ def test_seed_runners_infer_through_an_rlmodule_without_patched_methods(seed_alg
         assert same_state
 
 
-@pytest.mark.ray
 def test_restoring_an_older_checkpoint_into_the_running_algorithm_reaches_the_server(
     seed_algo, tmp_path
 ):
@@ -795,7 +788,6 @@ def test_restoring_an_older_checkpoint_into_the_running_algorithm_reaches_the_se
     train_until_learned(algorithm)  # training goes on
 
 
-@pytest.mark.ray
 def test_checkpoint_restores_into_a_fresh_algorithm_and_training_continues(seed_algo, tmp_path):
     algorithm, _ = seed_algo
     train_until_learned(algorithm)
@@ -826,7 +818,6 @@ def test_checkpoint_restores_into_a_fresh_algorithm_and_training_continues(seed_
 # ---- faults, local mode, shutdown (each with its own algorithm) ---------------------------------
 
 
-@pytest.mark.ray
 def test_killed_env_runner_is_reconnected_and_stop_leaves_no_actors(ray_session):
     before = alive_actor_classes()
     algorithm = small_config().build_algo()
@@ -874,7 +865,6 @@ def test_killed_env_runner_is_reconnected_and_stop_leaves_no_actors(ray_session)
     assert actors_left_since(before) == []
 
 
-@pytest.mark.ray
 def test_killed_inference_server_is_restarted_and_gets_the_learner_weights_again(ray_session):
     """Ray restarts the server with initial weights; the runners wait out the restart and
     the next push brings the learner's weights back, so training goes on."""
@@ -903,7 +893,6 @@ def test_killed_inference_server_is_restarted_and_gets_the_learner_weights_again
     assert actors_left_since(before) == []
 
 
-@pytest.mark.ray
 def test_local_mode_trains_without_a_server(ray_session):
     before = alive_actor_classes()
     algorithm = small_config(central=False).build_algo()

@@ -14,10 +14,9 @@ from __future__ import annotations
 import pytest
 import test_rllib_gorila
 from test_rllib_vtrace import small_config
+from tiers import learning_seeds
 
 from rllib_plugins.evaluation import greedy_return
-
-pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
 THRESHOLD = 150.0
 # Measured on a busy 2-core box (seed 0): the greedy return first reached 150 after ~41k env
@@ -57,11 +56,12 @@ def train_until_threshold(
     return scores, result
 
 
-def test_vtrace_in_seed_mode_learns_cartpole_within_env_step_budget(ray_session):
+@pytest.mark.parametrize("seed", learning_seeds())
+def test_vtrace_in_seed_mode_learns_cartpole_within_env_step_budget(ray_session, seed):
     """Greedy return >= 150 within 150k env steps, checked every 5k env steps. (Local
     inference learns in the defaults test below, which runs it as a new user would.)"""
     # VTraceConfig's default value-loss weight (small_config's 0.5 is IMPALA's Atari one)
-    algorithm = small_config(central=True, vf_loss_coeff=0.05).build_algo()
+    algorithm = small_config(central=True, vf_loss_coeff=0.05).debugging(seed=seed).build_algo()
     try:
         scores, result = train_until_threshold(algorithm, VTRACE_BUDGET_ENV_STEPS, 5_000)
         assert result["central_inference"]["version"] > 1  # the server got learned weights
@@ -74,7 +74,8 @@ DEFAULTS_BUDGET_ENV_STEPS = 300_000
 DEFAULTS_EVAL_EVERY_ENV_STEPS = 20_000
 
 
-def test_vtrace_defaults_learn_cartpole_on_a_laptop(ray_session):
+@pytest.mark.parametrize("seed", learning_seeds())
+def test_vtrace_defaults_learn_cartpole_on_a_laptop(ray_session, seed):
     """What a new user runs: ``VTraceConfig().environment("CartPole-v1")`` with 2 env runners
     and every other setting at its default, on the 2-CPU session (no GPU: central inference
     stays off). Greedy return >= 150 within 300k env steps, checked every 20k; the old
@@ -82,7 +83,7 @@ def test_vtrace_defaults_learn_cartpole_on_a_laptop(ray_session):
     from rllib_plugins import VTraceConfig
 
     config = VTraceConfig().environment("CartPole-v1").env_runners(num_env_runners=2)
-    algorithm = config.debugging(seed=0).build_algo()
+    algorithm = config.debugging(seed=seed).build_algo()
     try:
         assert algorithm._inference is None  # no GPU here: the runners infer locally
         scores, result = train_until_threshold(
@@ -94,7 +95,8 @@ def test_vtrace_defaults_learn_cartpole_on_a_laptop(ray_session):
     assert max(score for _, score in scores) >= THRESHOLD, f"greedy returns by env steps: {scores}"
 
 
-def test_gorila_dqn_in_seed_mode_learns_cartpole_within_env_step_budget(ray_session):
+@pytest.mark.parametrize("seed", learning_seeds())
+def test_gorila_dqn_in_seed_mode_learns_cartpole_within_env_step_budget(ray_session, seed):
     """GorilaDQN with central inference: greedy return >= 150 within 50k env steps (the budget
     of its local-inference test), checked every 5k env steps. One runner with 8 envs: on the
     2-CPU box 23-25 s to the threshold against 38-42 s with 2 x 4 (two runs each)."""
@@ -102,6 +104,7 @@ def test_gorila_dqn_in_seed_mode_learns_cartpole_within_env_step_budget(ray_sess
         test_rllib_gorila.small_config(updates_per_iteration=64)
         .env_runners(num_env_runners=1, num_envs_per_env_runner=8)
         .central_inference(enabled=True, num_cpus=0.2)
+        .debugging(seed=seed)
     )
     algorithm = config.build_algo()
     try:

@@ -286,9 +286,10 @@ def transitions(n: int) -> dict[str, np.ndarray]:
     return dict(zip(TRANSITION_COLUMNS, columns, strict=True))
 
 
-@pytest.mark.ray
 def test_buffer_round_trip_through_tianshou_api(started_buffer, tmp_path):
-    buffer = started_buffer()
+    # one batch per replay round trip: each update_weight goes out at once (the default, 4,
+    # gathers the priorities of 4 batches)
+    buffer = started_buffer(batches_per_request=1)
     buffer.client.add(transitions(64), np.full(64, 1e-3))
     buffer.client.flush()
     assert len(buffer) == 64
@@ -336,7 +337,6 @@ def test_buffer_round_trip_through_tianshou_api(started_buffer, tmp_path):
     assert buffer.stats(wait=True)["size"] == 64
 
 
-@pytest.mark.ray
 def test_restore_into_a_different_layout_raises(started_buffer, tmp_path):
     buffer = started_buffer()
     buffer.client.add(transitions(16))
@@ -362,7 +362,6 @@ def gorila(cluster):
         buffer.close()
 
 
-@pytest.mark.ray
 def test_collector_reports_actors_replay_and_policy_lag(gorila):
     algo, buffer, collector = gorila.algo, gorila.buffer, gorila.collector
     assert collector.env_num == 4
@@ -413,7 +412,6 @@ def factory_holding_a_lock():
     return lambda: (lock, make_cartpole())[1]
 
 
-@pytest.mark.ray
 @pytest.mark.parametrize(
     ("overrides", "error", "match"),
     [
@@ -423,30 +421,36 @@ def factory_holding_a_lock():
         ({"env_factory": DictObsEnv}, TypeError, "Box observation space"),
         ({"env_factory": factory_holding_a_lock()}, TypeError, "picklable"),
         ({"num_actors": 0}, ValueError, "num_actors"),
-        ({"num_cpus_per_actor": 8.0}, ValueError, "CPUs"),
-        ({"gamma": 0.9}, ValueError, "gamma"),
-        ({"n_step": 5}, ValueError, "n_step"),
+        ({"num_actorz": 2}, TypeError, "ActorFleet has no setting 'num_actorz'"),
+        ({"fleet": {"num_actors": 2}}, TypeError, "fleet must be an ActorFleet"),
         ({"buffer": ReplayBuffer(100)}, TypeError, "buffer"),
     ],
 )
-def test_collector_config_errors_raise_before_any_actor_starts(cluster, overrides, error, match):
+def test_collector_config_errors_raise_before_ray_starts(overrides, error, match):
+    # a fast test: the tier guard (tests/tiers.py) fails it if anything starts a process
     buffer = make_buffer()
-    before = alive_actor_ids()
     with pytest.raises(error, match=match):
         make_collector(make_algo(), buffer, **overrides)
+    assert not buffer.started
+
+
+def test_collector_takes_the_algorithm_not_a_bare_policy():
+    """The actors' weights are versioned by the algorithm's gradient updates (one meaning of
+    "weights version"); a bare policy has none."""
+    with pytest.raises(TypeError, match="GorilaDQN or MultiAgentGorilaDQN"):
+        make_collector(make_algo().policy, make_buffer())
+
+
+def test_collector_resource_ask_raises_before_any_actor_starts(cluster):
+    buffer = make_buffer()
+    before = alive_actor_ids()
+    with pytest.raises(ValueError, match="CPUs"):
+        make_collector(make_algo(), buffer, num_cpus_per_actor=8.0)
     assert not buffer.started
     assert alive_actor_ids() <= before
 
 
-@pytest.mark.ray
-def test_bare_policy_needs_gamma_and_n_step(cluster):
-    policy = make_algo().policy
-    with pytest.raises(ValueError, match="gamma and n_step"):
-        make_collector(policy, make_buffer())
-
-
 # ---- Ray: Tianshou's trainer and logger ---------------------------------------------------------
-@pytest.mark.ray
 def test_offpolicy_trainer_runs_and_logs_gorila_fields(gorila, tmp_path):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
     from tianshou.trainer import OffPolicyTrainerParams
@@ -491,7 +495,6 @@ def test_offpolicy_trainer_runs_and_logs_gorila_fields(gorila, tmp_path):
     assert max(e.value for e in events.Scalars(size_tag)) >= 64
 
 
-@pytest.mark.ray
 def test_trainer_asking_more_updates_than_the_rate_limiter_allows_keeps_the_actors_acting(cluster):
     """A rate-limited buffer (Ape-X's samples_per_insert) under Tianshou's trainer asking for
     more gradient steps per collect than the inserted rows pay for: while the learner waits on
@@ -532,7 +535,6 @@ def test_trainer_asking_more_updates_than_the_rate_limiter_allows_keeps_the_acto
 
 
 # ---- Ray: faults and checkpoints ----------------------------------------------------------------
-@pytest.mark.ray
 def test_killed_actor_restarts_and_training_continues(cluster):
     def make_slow_cartpole():  # defined here so that Ray ships it by value
         class SlowCartPole(gym.Wrapper):
@@ -579,7 +581,6 @@ def test_killed_actor_restarts_and_training_continues(cluster):
             collector.close()
 
 
-@pytest.mark.ray
 def test_checkpoint_restores_weights_counters_and_replay(cluster, tmp_path):
     algo = make_algo(seed=0)
     with make_buffer() as buffer:
@@ -658,7 +659,6 @@ def test_restoring_an_older_state_into_the_running_algorithm_reaches_the_actors(
 
 
 # ---- Ray: SEED mode (central inference) ---------------------------------------------------------
-@pytest.mark.ray
 def test_seed_mode_actors_act_on_server_q_values_with_their_own_epsilon(cluster):
     from tianshou_plugins import CentralInference
 

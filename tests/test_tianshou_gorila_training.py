@@ -10,16 +10,16 @@ import pytest
 from test_tianshou_gorila import make_algo, make_buffer, make_cartpole, make_collector
 from tianshou.data import Collector
 from tianshou.env import DummyVectorEnv
-
-pytestmark = [pytest.mark.ray, pytest.mark.slow]
+from tiers import learning_seeds
 
 BUDGET_ENV_STEPS = 60_000
 EPOCH_ENV_STEPS = 5_000
 TARGET_RETURN = 150.0
 
 
-@pytest.mark.parametrize("central", [False, True], ids=["local", "seed"])
-def test_learns_cartpole_within_env_step_budget(ray_session, central):
+@pytest.mark.parametrize("seed", learning_seeds())
+@pytest.mark.parametrize("central", [False, True], ids=["local", "central"])
+def test_learns_cartpole_within_env_step_budget(ray_session, central, seed):
     """The greedy policy's mean return over 10 test episodes reaches 150 within 60k env steps.
 
     Seeded (network, actors' envs and exploration, test envs), but acting and learning run
@@ -33,9 +33,9 @@ def test_learns_cartpole_within_env_step_budget(ray_session, central):
 
     from tianshou_plugins import CentralInference
 
-    np.random.seed(0)
-    algo = make_algo(seed=0, hidden=(128, 128), target_update_freq=250)
-    buffer = make_buffer(capacity=50_000, min_size_to_sample=1_000)
+    np.random.seed(seed)
+    algo = make_algo(seed=seed, hidden=(128, 128), target_update_freq=250)
+    buffer = make_buffer(capacity=50_000, min_size_to_sample=1_000, seed=seed)
     test_envs = DummyVectorEnv([make_cartpole] * 5)
     test_envs.seed(list(range(1_000, 1_005)))
     tests: list[float] = []
@@ -50,6 +50,7 @@ def test_learns_cartpole_within_env_step_budget(ray_session, central):
             algo,
             buffer,
             weight_sync_every_n_steps=128,
+            seed=seed,
             central_inference=CentralInference(num_cpus=0.1) if central else None,
         )
         result = algo.run_training(

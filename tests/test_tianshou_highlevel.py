@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import pytest
 
-pytestmark = [pytest.mark.ray, pytest.mark.slow]
-
 
 def test_builder_runs_gorila_experiment_and_closes_cleanly(ray_session, tmp_path):
     from conftest import alive_actor_ids, wait_until_not_alive
@@ -14,7 +12,7 @@ def test_builder_runs_gorila_experiment_and_closes_cleanly(ray_session, tmp_path
     from tianshou.highlevel.experiment import ExperimentConfig
     from tianshou.highlevel.params.algorithm_params import DQNParams
 
-    from tianshou_plugins import GorilaCollector, GorilaDQN
+    from tianshou_plugins import ActorFleet, DistributedReplayConfig, GorilaCollector, GorilaDQN
     from tianshou_plugins.highlevel import (
         GorilaDQNExperimentBuilder,
         GorilaParams,
@@ -43,12 +41,10 @@ def test_builder_runs_gorila_experiment_and_closes_cleanly(ray_session, tmp_path
         .with_dqn_params(DQNParams(lr=1e-3, n_step_return_horizon=3, target_update_freq=50))
         .with_gorila_params(
             GorilaParams(
-                num_actors=2,
-                envs_per_actor=2,
-                num_cpus_per_actor=0.05,
-                num_cpus_per_shard=0.05,
-                min_size_to_sample=300,
-                seed=0,
+                actors=ActorFleet(num_actors=2, envs_per_actor=2, num_cpus_per_actor=0.05, seed=0),
+                replay=DistributedReplayConfig(
+                    num_cpus_per_shard=0.05, min_size_to_sample=300, seed=0
+                ),
             )
         )
         .with_model_factory_default(hidden_sizes=(32,))
@@ -69,16 +65,28 @@ def test_builder_runs_gorila_experiment_and_closes_cleanly(ray_session, tmp_path
     assert not wait_until_not_alive(alive_actor_ids() - actors_before)
 
 
-def test_gorila_params_are_validated():
+def test_gorila_params_take_one_settings_object_per_concern():
+    from tianshou.highlevel.env import EnvFactoryRegistered, VectorEnvType
+
+    from tianshou_plugins import ActorFleet, CentralInference, DistributedReplayConfig
     from tianshou_plugins.highlevel import GorilaDQNExperimentBuilder, GorilaParams
 
-    with pytest.raises(ValueError, match="num_actors"):
-        GorilaParams(num_actors=0)
-    with pytest.raises(ValueError, match="num_cpus_per_actor"):
-        GorilaParams(num_cpus_per_actor=-1)
-    with pytest.raises(ValueError, match="batches_per_request"):
-        GorilaParams(batches_per_request=0)
-    from tianshou.highlevel.env import EnvFactoryRegistered, VectorEnvType
+    with pytest.raises(TypeError, match="actors must be an ActorFleet"):
+        GorilaParams(actors={"num_actors": 2})
+    with pytest.raises(TypeError, match="replay must be a DistributedReplayConfig"):
+        GorilaParams(replay={"num_shards": 2})
+    with pytest.raises(TypeError, match="central_inference must be a CentralInference"):
+        GorilaParams(central_inference=True)
+    params = GorilaParams(
+        actors=ActorFleet(num_actors=3),
+        replay=DistributedReplayConfig(num_shards=3, min_size_to_sample=10),
+        central_inference=CentralInference(),
+    )
+    buffer = params.create_buffer(capacity=600)  # the experiment's buffer_size
+    assert (buffer.config.capacity, buffer.config.num_shards) == (600, 3)
+    assert buffer.config.min_size_to_sample == 10 and not buffer.started
+    with pytest.raises(ValueError, match="min_size_to_sample"):
+        GorilaParams(replay=DistributedReplayConfig(min_size_to_sample=900)).create_buffer(600)
 
     builder = GorilaDQNExperimentBuilder(
         EnvFactoryRegistered(task="CartPole-v1", venv_type=VectorEnvType.DUMMY)
@@ -94,7 +102,7 @@ def test_builder_runs_vtrace_experiment_and_closes_cleanly(ray_session, tmp_path
     from tianshou.highlevel.env import EnvFactoryRegistered, VectorEnvType
     from tianshou.highlevel.experiment import ExperimentConfig
 
-    from tianshou_plugins import CentralInference, VTrace, VTraceCollector
+    from tianshou_plugins import ActorFleet, CentralInference, VTrace, VTraceCollector
     from tianshou_plugins.highlevel import (
         VTraceActorParams,
         VTraceExperimentBuilder,
@@ -122,12 +130,14 @@ def test_builder_runs_vtrace_experiment_and_closes_cleanly(ray_session, tmp_path
         .with_vtrace_params(VTraceParams(lr=1e-3, vf_coef=0.5, ent_coef=0.01))
         .with_vtrace_actors(
             VTraceActorParams(
-                num_actors=2,
-                envs_per_actor=2,
-                steps_per_env=16,
-                num_cpus_per_actor=0.05,
+                actors=ActorFleet(
+                    num_actors=2,
+                    envs_per_actor=2,
+                    steps_per_env=16,
+                    num_cpus_per_actor=0.05,
+                    seed=0,
+                ),
                 central_inference=CentralInference(num_cpus=0.05) if central else None,
-                seed=0,
             )
         )
         .with_actor_factory_default(hidden_sizes=(32,))
@@ -152,12 +162,14 @@ def test_builder_runs_vtrace_experiment_and_closes_cleanly(ray_session, tmp_path
 def test_vtrace_params_are_validated():
     from tianshou.highlevel.env import EnvFactoryRegistered, VectorEnvType
 
+    from tianshou_plugins import VTRACE_FLEET, ActorFleet
     from tianshou_plugins.highlevel import VTraceActorParams, VTraceExperimentBuilder
 
-    with pytest.raises(ValueError, match="num_actors"):
-        VTraceActorParams(num_actors=0)
-    with pytest.raises(ValueError, match="steps_per_env"):
-        VTraceActorParams(steps_per_env=0)
+    assert VTraceActorParams().actors == VTRACE_FLEET
+    with pytest.raises(TypeError, match="actors must be an ActorFleet"):
+        VTraceActorParams(actors={"num_actors": 2})
+    with pytest.raises(ValueError, match="max_trajectories_per_collect"):
+        VTraceActorParams(actors=ActorFleet(num_actors=4), max_trajectories_per_collect=3)
     with pytest.raises(TypeError, match="CentralInference"):
         VTraceActorParams(central_inference={"max_batch_size": 8})
     builder = VTraceExperimentBuilder(

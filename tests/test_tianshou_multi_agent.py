@@ -167,7 +167,6 @@ def test_the_actor_acts_legally_and_pushes_each_agents_own_transitions():
 
 
 # ---- with Ray -----------------------------------------------------------------------------------
-@pytest.mark.ray
 @pytest.mark.parametrize(
     ("overrides", "error", "match"),
     [
@@ -190,7 +189,6 @@ def test_collector_errors_raise_before_any_actor_starts(cluster, overrides, erro
     assert alive_actor_ids() <= before
 
 
-@pytest.mark.ray
 def test_continuous_actions_raise_before_any_actor_starts(cluster):
     env = spread_factory()()
     algorithm = MultiAgentGorilaDQN(algorithms=[gorila((12,), 5), gorila((12,), 5)], env=env)
@@ -202,7 +200,6 @@ def test_continuous_actions_raise_before_any_actor_starts(cluster):
     assert alive_actor_ids() <= before
 
 
-@pytest.mark.ray
 def test_trainer_runs_logs_agent_returns_and_checkpoints_each_module_replay(cluster, tmp_path):
     from tianshou.trainer import OffPolicyTrainerParams
 
@@ -247,7 +244,6 @@ def test_trainer_runs_logs_agent_returns_and_checkpoints_each_module_replay(clus
         restored.close()
 
 
-@pytest.mark.ray
 def test_agents_with_different_spaces_raise_before_any_actor_starts(cluster):
     """Tianshou's PettingZooEnv holds one space for all agents: an env whose agents differ is
     refused when the collector builds its probe env, before anything starts."""

@@ -24,19 +24,20 @@ from test_tianshou_multi_agent import (
 )
 from tianshou.data import Collector
 from tianshou.env import DummyVectorEnv
+from tiers import learning_seeds
 
 from tianshou_plugins import MultiAgentGorilaDQN
-
-pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
 EPOCH_ENV_STEPS = 3_000
 
 
-def train(algorithm, env_factory, *, budget: int, threshold: float, reduction, episodes: int):
+def train(
+    algorithm, env_factory, *, budget: int, threshold: float, reduction, episodes: int, seed: int
+):
     from tianshou.trainer import OffPolicyTrainerParams
 
-    np.random.seed(0)
-    buffer = make_buffer(capacity=50_000, min_size_to_sample=500)
+    np.random.seed(seed)
+    buffer = make_buffer(capacity=50_000, min_size_to_sample=500, seed=seed)
     test_envs = DummyVectorEnv([env_factory] * 5)
     test_envs.seed(list(range(1_000, 1_005)))
     tests: list[float] = []
@@ -53,6 +54,7 @@ def train(algorithm, env_factory, *, budget: int, threshold: float, reduction, e
             env_factory=env_factory,
             envs_per_actor=4,
             weight_sync_every_n_steps=128,
+            seed=seed,
         )
         result = algorithm.run_training(
             OffPolicyTrainerParams(
@@ -78,20 +80,23 @@ def train(algorithm, env_factory, *, budget: int, threshold: float, reduction, e
     assert result.best_reward >= threshold, f"test returns, one per epoch: {tests}"
 
 
-def test_gorila_dqn_beats_a_random_tictactoe_player_from_the_second_seat(cluster):
+@pytest.mark.parametrize("seed", learning_seeds())
+def test_gorila_dqn_beats_a_random_tictactoe_player_from_the_second_seat(cluster, seed):
     train(
-        tictactoe_algorithm(learner_seat=1),
+        tictactoe_algorithm(learner_seat=1, seed=seed),
         TICTACTOE,
         budget=45_000,
         threshold=0.6,
         reduction=lambda returns: returns[:, 1],  # the learner's (player_2's) game results
         episodes=50,
+        seed=seed,
     )
 
 
-def test_gorila_dqn_shared_module_improves_the_spread_team_return(cluster):
+@pytest.mark.parametrize("seed", learning_seeds())
+def test_gorila_dqn_shared_module_improves_the_spread_team_return(cluster, seed):
     env = spread_factory()()
-    shared = gorila((12,), 5, gamma=0.95, n_step_return_horizon=3, target_update_freq=250)
+    shared = gorila((12,), 5, seed, gamma=0.95, n_step_return_horizon=3, target_update_freq=250)
     train(
         MultiAgentGorilaDQN(algorithms=[shared, shared], env=env),
         spread_factory(),
@@ -99,4 +104,5 @@ def test_gorila_dqn_shared_module_improves_the_spread_team_return(cluster):
         threshold=-45.0,
         reduction=lambda returns: returns.sum(axis=1),  # the team's return
         episodes=10,
+        seed=seed,
     )

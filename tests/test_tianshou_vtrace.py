@@ -192,7 +192,6 @@ def vtrace(cluster):
         collector.close()
 
 
-@pytest.mark.ray
 def test_collector_returns_trajectories_with_the_acting_logp_and_versions(vtrace):
     algo, collector = vtrace.algo, vtrace.collector
     assert collector.env_num == 4
@@ -239,7 +238,6 @@ def test_collector_returns_trajectories_with_the_acting_logp_and_versions(vtrace
         collector.collect(n_step=16, random=True)
 
 
-@pytest.mark.ray
 def test_a_full_buffer_leaves_finished_trajectories_for_the_next_collect(cluster):
     algo = make_algo()
     collector = make_collector(algo, max_trajectories_per_collect=2, max_in_flight_per_actor=2)
@@ -263,7 +261,6 @@ class BoxActionEnv(gym.Env):
     observation_space = gym.spaces.Box(-1.0, 1.0, (4,))
 
 
-@pytest.mark.ray
 @pytest.mark.parametrize(
     ("overrides", "error", "match"),
     [
@@ -283,14 +280,12 @@ def test_collector_config_errors_raise_before_any_actor_starts(cluster, override
     assert alive_actor_ids() <= before
 
 
-@pytest.mark.ray
 def test_collector_needs_the_vtrace_algorithm(cluster):
     with pytest.raises(TypeError, match="VTrace algorithm"):
         VTraceCollector(make_algo().policy, env_factory=make_cartpole)
 
 
 # ---- Ray: Tianshou's trainer and logger ---------------------------------------------------------
-@pytest.mark.ray
 def test_onpolicy_trainer_runs_and_logs_vtrace_fields(vtrace, tmp_path):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
     from tianshou.trainer import OnPolicyTrainerParams
@@ -334,7 +329,6 @@ def test_onpolicy_trainer_runs_and_logs_vtrace_fields(vtrace, tmp_path):
 
 
 # ---- Ray: faults and checkpoints ----------------------------------------------------------------
-@pytest.mark.ray
 def test_killed_actor_restarts_and_training_continues(cluster):
     import ray
 
@@ -374,7 +368,6 @@ def test_killed_actor_restarts_and_training_continues(cluster):
     assert not wait_until_not_alive(started)
 
 
-@pytest.mark.ray
 def test_restored_weights_reach_the_actors_as_a_new_version(cluster):
     algo = make_algo()
     collector = make_collector(algo)
@@ -426,7 +419,6 @@ def test_actors_report_whole_episodes_across_trajectories():
 
 
 # ---- Ray: SEED mode (central inference) ---------------------------------------------------------
-@pytest.mark.ray
 def test_seed_mode_actors_act_through_the_server_and_record_its_logp_and_versions(cluster):
     from tianshou_plugins import CentralInference
 
@@ -461,7 +453,6 @@ def test_seed_mode_actors_act_through_the_server_and_record_its_logp_and_version
         collector.close()
 
 
-@pytest.mark.ray
 def test_seed_mode_survives_a_killed_inference_server(cluster):
     import ray
 
@@ -502,7 +493,6 @@ class RecurrentActor(torch.nn.Module):
         return self.head(self.rnn(torch.as_tensor(obs)[None])[0][0]), state
 
 
-@pytest.mark.ray
 def test_seed_mode_refuses_recurrent_policies_and_bad_settings(cluster):
     from tianshou_plugins import CentralInference
 

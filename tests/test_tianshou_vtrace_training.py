@@ -10,8 +10,7 @@ import pytest
 from test_tianshou_vtrace import make_algo, make_cartpole, make_collector
 from tianshou.data import Collector
 from tianshou.env import DummyVectorEnv
-
-pytestmark = [pytest.mark.ray, pytest.mark.slow]
+from tiers import learning_seeds
 
 # Measured (example settings, 5k-step epochs): a greedy test first passed 150 at ~20-30k env
 # steps (seeds 0-2) and 450 at 51-123k.
@@ -20,8 +19,9 @@ EPOCH_ENV_STEPS = 5_000
 TARGET_RETURN = 150.0
 
 
-@pytest.mark.parametrize("central", [False, True], ids=["impala", "seed"])
-def test_vtrace_learns_cartpole_within_env_step_budget(ray_session, central):
+@pytest.mark.parametrize("seed", learning_seeds())
+@pytest.mark.parametrize("central", [False, True], ids=["impala", "central"])
+def test_vtrace_learns_cartpole_within_env_step_budget(ray_session, central, seed):
     """The greedy policy's mean return over 10 test episodes reaches 150 within 60k env steps.
 
     Seeded (networks, actors' envs and action sampling, test envs), but acting and learning run
@@ -35,8 +35,8 @@ def test_vtrace_learns_cartpole_within_env_step_budget(ray_session, central):
 
     from tianshou_plugins import CentralInference
 
-    np.random.seed(0)
-    algo = make_algo(seed=0, hidden=(64, 64), lr=1e-3)
+    np.random.seed(seed)
+    algo = make_algo(seed=seed, hidden=(64, 64), lr=1e-3)
     test_envs = DummyVectorEnv([make_cartpole] * 5)
     test_envs.seed(list(range(1_000, 1_005)))
     tests: list[float] = []
@@ -51,6 +51,7 @@ def test_vtrace_learns_cartpole_within_env_step_budget(ray_session, central):
             algo,
             envs_per_actor=8,
             steps_per_env=32,
+            seed=seed,
             central_inference=CentralInference(num_cpus=0.1) if central else None,
         )
         result = algo.run_training(

@@ -125,7 +125,6 @@ def test_bad_encoding_is_refused_by_both_adapters_before_any_actor_starts():
         )
 
 
-@pytest.mark.ray
 @pytest.mark.parametrize("encoding", ["fp16", "int8"])
 def test_parameter_server_carries_encoded_weights_and_pullers_get_float32(ray_session, encoding):
     import ray

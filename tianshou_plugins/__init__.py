@@ -7,12 +7,16 @@ replay behind Tianshou's buffer API); Tianshou's ``OffPolicyTrainer`` drives the
 returning fixed-length trajectories with their behaviour log-probs); Tianshou's
 ``OnPolicyTrainer`` drives them. Both collectors run in SEED mode with
 ``central_inference=CentralInference(...)``: one inference server acts for every actor.
+Settings, one object per concern: ``ActorFleet`` (a collector's actors) and
+``DistributedReplayConfig`` (the replay); collectors and buffers take one, or its fields as
+keywords.
 PettingZoo multi-agent envs: ``MultiAgentGorilaDQN`` (Tianshou's ``MultiAgentOffPolicyAlgorithm``
 with ``GorilaDQN`` learners) and ``MultiAgentDistributedReplayBuffer`` (one replay per learning
 module) with the same ``GorilaCollector``.
 """
 
-from tianshou_plugins.actor_collector import ActorCollectStats
+from rl_dist_ext.replay.distributed import DistributedReplayConfig
+from tianshou_plugins.actor_collector import VTRACE_FLEET, ActorCollectStats, ActorFleet
 from tianshou_plugins.buffer import DistributedPrioritizedReplayBuffer
 from tianshou_plugins.central_inference import CentralInference
 from tianshou_plugins.collector import GorilaCollector, GorilaCollectStats
@@ -26,9 +30,12 @@ from tianshou_plugins.vtrace import VTrace, VTraceTrainingStats, categorical_fro
 from tianshou_plugins.vtrace_collector import VTraceCollector, VTraceCollectStats
 
 __all__ = [
+    "VTRACE_FLEET",
     "ActorCollectStats",
+    "ActorFleet",
     "CentralInference",
     "DistributedPrioritizedReplayBuffer",
+    "DistributedReplayConfig",
     "GorilaCollectStats",
     "GorilaCollector",
     "GorilaDQN",

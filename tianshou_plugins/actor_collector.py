@@ -37,7 +37,7 @@ from tianshou.data.collector import BaseCollector, CollectStats
 
 from rl_dist_ext.actor_pool import ActorPool
 from rl_dist_ext.params import PolicyLag, policy_lag
-from rl_dist_ext.validation import check_int, check_real
+from rl_dist_ext.validation import check_int, check_real, with_settings
 from rl_dist_ext.weight_compression import check_encoding
 from tianshou_plugins.central_inference import CentralInference, Kind, TianshouPolicyFactory
 
@@ -78,17 +78,33 @@ TStats = TypeVar("TStats", bound=ActorCollectStats)
 
 @dataclass(frozen=True, kw_only=True)
 class ActorFleet:
-    """How many actors, their envs and resources (validated when built)."""
+    """The actors of a collector: how many, their envs and resources (validated when built).
 
-    num_actors: int
-    envs_per_actor: int
-    steps_per_env: int
-    weight_sync_every_n_steps: int
-    max_in_flight_per_actor: int
-    num_cpus_per_actor: float
-    seed: int | None
-    timeout_s: float
-    #: how weights travel to the actors (rl_dist_ext.weight_compression); exact by default
+    The one definition of these settings: ``GorilaCollector`` and ``VTraceCollector`` take a
+    fleet (``fleet=ActorFleet(...)``) or its fields as keywords, and so do the high-level
+    ``GorilaParams`` and ``VTraceActorParams``. These defaults are GorilaDQN's;
+    :data:`VTRACE_FLEET` says where V-trace's differ, and why.
+
+    - ``num_actors``: actor processes; ``envs_per_actor``: envs each steps (one
+      ``DummyVectorEnv``); ``steps_per_env``: env steps per env in one rollout (a V-trace
+      trajectory's length ``T``).
+    - ``weight_sync_every_n_steps``: an actor's env steps between weight pulls.
+    - ``max_in_flight_per_actor``: rollouts queued per actor (how far acting runs ahead).
+    - ``num_cpus_per_actor``: Ray CPUs per actor (fractional: they step small envs and wait).
+    - ``seed``: seeds the actors' envs and exploration; ``timeout_s``: the longest
+      ``collect()`` waits for actors (and actors to start).
+    - ``weights_encoding``: how weights travel to the actors: ``"fp32"`` (exact), ``"fp16"``
+      or ``"int8"`` (``rl_dist_ext.weight_compression``).
+    """
+
+    num_actors: int = 4
+    envs_per_actor: int = 4
+    steps_per_env: int = 16
+    weight_sync_every_n_steps: int = 400
+    max_in_flight_per_actor: int = 2
+    num_cpus_per_actor: float = 0.25
+    seed: int | None = None
+    timeout_s: float = 120.0
     weights_encoding: str = "fp32"
 
     def __post_init__(self) -> None:
@@ -106,6 +122,22 @@ class ActorFleet:
     @property
     def num_envs(self) -> int:
         return self.num_actors * self.envs_per_actor
+
+
+#: V-trace's fleet where it differs from :class:`ActorFleet`'s defaults: trajectories of
+#: ``T = 32`` steps (a V-trace unroll; IMPALA used 20-100) from 8 envs per actor, so that one
+#: trajectory is a ``[32, 8]`` time-major batch and each actor pulls weights once per
+#: trajectory (256 = 8 x 32 env steps); 2 such actors fill CartPole's 2-core laptop.
+VTRACE_FLEET = ActorFleet(
+    num_actors=2, envs_per_actor=8, steps_per_env=32, weight_sync_every_n_steps=256
+)
+
+
+def take_fleet(fleet: ActorFleet | None, default: ActorFleet, settings: dict[str, Any]):
+    """The fleet a collector runs: ``fleet`` (or ``default``) with ``settings`` replaced."""
+    if fleet is not None and not isinstance(fleet, ActorFleet):
+        raise TypeError(f"fleet must be an ActorFleet, got {type(fleet).__name__}")
+    return with_settings(fleet or default, settings)
 
 
 class RayActorCollector(BaseCollector[TStats], Generic[TStats]):
@@ -447,6 +479,14 @@ def check_env_factory(
         raise TypeError(
             f"env_factory must be picklable (it is sent to the actors): {error!r}"
         ) from error
+
+
+def ensure_ray() -> None:
+    """Start a one-node Ray if none is running (what a collector does on a laptop)."""
+    import ray
+
+    if not ray.is_initialized():
+        ray.init()
 
 
 def check_cpus(owner: str, wanted: float) -> None:

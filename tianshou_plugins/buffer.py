@@ -19,79 +19,40 @@ import torch
 from tianshou.data import Batch
 
 from rl_dist_ext.gorila import NEXT_ACTION_MASK
-from rl_dist_ext.replay.compression import ObsCompression
 from rl_dist_ext.replay.distributed import DistributedReplay, DistributedReplayConfig
-from rl_dist_ext.validation import check_real
+from rl_dist_ext.validation import check_real, with_settings
 
 
 class DistributedPrioritizedReplayBuffer:
-    """A prioritized replay of ``capacity`` rows spread over ``num_shards`` Ray actors.
+    """A prioritized replay of ``capacity`` rows spread over Ray actors (replay shards).
 
-    Args:
-        capacity: rows over all shards (split evenly).
-        num_shards: replay shard actors.
-        alpha: prioritization exponent (0 = uniform).
-        beta: importance-sampling exponent in [0, 1] (change it with :meth:`set_beta`).
-        eps: added to priorities so that none is zero.
-        min_size_to_sample: rows needed (over all shards) before sampling starts; ``sample``
-            waits until then.
-        samples_per_insert: keep sampled rows / inserted rows near this ratio (Reverb-style rate
-            limiter; ``None`` = no limit). ``error_buffer`` is the allowed slack.
-        prefetch: sample requests kept in flight by the learner.
-        batches_per_request: batches one sample request serves (and priority updates sent
-            together); K > 1 divides the learner's replay round trips by K for priorities up to
-            K batches older (Ape-X's learner also samples ahead).
-        num_cpus_per_shard: CPUs reserved per shard (fractional: shards mostly wait).
-        snapshot_dir, snapshot_every_inserts: periodic per-shard snapshots so that a restarted
-            shard comes back with its rows.
-        timeout_s: how long any replay call may wait (rate limiter included).
-        seed: seeds the shards' samplers.
-        compression: store pixel observations compressed (actors compress, shards decompress
-            when sampling), e.g. ``ObsCompression()``; see ``rl_dist_ext.replay.compression``.
-        shard_placement: ``"DEFAULT"`` (Ray fills the local node first) or ``"SPREAD"`` (shards
-            on as many nodes as there are: a lost node takes fewest shards with it).
+    Takes or builds one :class:`~rl_dist_ext.replay.distributed.DistributedReplayConfig`:
+    ``DistributedPrioritizedReplayBuffer(100_000, num_shards=2, samples_per_insert=8)`` or
+    ``DistributedPrioritizedReplayBuffer(config=DistributedReplayConfig(...))``; keyword
+    settings replace the given config's fields. Every setting and its default is that class's
+    (``num_shards``, ``alpha``, ``beta``, ``min_size_to_sample``, ``samples_per_insert``,
+    ``batches_per_request``, ``num_cpus_per_shard``, ``snapshot_dir``, ``compression``, ...).
+
+    ``beta`` (the importance-sampling exponent) can be changed later with :meth:`set_beta`, as
+    with Tianshou's ``PrioritizedReplayBuffer``; ``sample`` waits until the shards hold
+    ``min_size_to_sample`` rows.
     """
 
     def __init__(
         self,
-        capacity: int = 100_000,
+        capacity: int | None = None,
         *,
-        num_shards: int = 2,
-        alpha: float = 0.6,
-        beta: float = 0.4,
-        eps: float = 1e-6,
-        min_size_to_sample: int = 1_000,
-        samples_per_insert: float | None = None,
-        error_buffer: float | None = None,
-        prefetch: int = 2,
-        batches_per_request: int = 1,
-        num_cpus_per_shard: float = 0.1,
-        snapshot_dir: str | None = None,
-        snapshot_every_inserts: int | None = None,
-        timeout_s: float = 60.0,
-        seed: int | None = None,
-        compression: ObsCompression | None = None,
-        shard_placement: str = "DEFAULT",
+        config: DistributedReplayConfig | None = None,
+        **settings: Any,
     ) -> None:
-        self._config = DistributedReplayConfig(
-            num_shards=num_shards,
-            capacity=capacity,
-            alpha=alpha,
-            eps=eps,
-            min_size_to_sample=min_size_to_sample,
-            samples_per_insert=samples_per_insert,
-            error_buffer=error_buffer,
-            prefetch=prefetch,
-            batches_per_request=batches_per_request,
-            num_cpus_per_shard=num_cpus_per_shard,
-            snapshot_dir=snapshot_dir,
-            snapshot_every_inserts=snapshot_every_inserts,
-            timeout_s=timeout_s,
-            seed=seed,
-            compression=compression,
-            shard_placement=shard_placement,
-        )
-        self.set_beta(beta)
+        if config is not None and not isinstance(config, DistributedReplayConfig):
+            raise TypeError(
+                f"config must be a DistributedReplayConfig, got {type(config).__name__}"
+            )
+        if capacity is not None:
+            settings["capacity"] = capacity
+        self._config = with_settings(config or DistributedReplayConfig(), settings)
+        self.set_beta(self._config.beta)
         self._replay: DistributedReplay | None = None
 
     # ---- lifecycle ----------------------------------------------------------------------------

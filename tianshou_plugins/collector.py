@@ -23,11 +23,9 @@ from typing import Any
 
 import gymnasium as gym
 import numpy as np
-from tianshou.algorithm.modelfree.dqn import DiscreteQLearningPolicy
 from tianshou.data.stats import SequenceSummaryStats
 
-from rl_dist_ext.exploration import apex_epsilons
-from rl_dist_ext.validation import check_int, check_real
+from rl_dist_ext.exploration import EPSILON_ALPHA, EPSILON_BASE, apex_epsilons
 from tianshou_plugins.actor import GorilaActor, MultiAgentGorilaActor
 from tianshou_plugins.actor_collector import (
     ActorCollectStats,
@@ -35,6 +33,8 @@ from tianshou_plugins.actor_collector import (
     RayActorCollector,
     check_cpus,
     check_env_factory,
+    ensure_ray,
+    take_fleet,
 )
 from tianshou_plugins.buffer import DistributedPrioritizedReplayBuffer
 from tianshou_plugins.central_inference import CentralInference
@@ -44,7 +44,6 @@ from tianshou_plugins.multi_agent import (
     MultiAgentGorilaDQN,
     check_multi_agent_env_factory,
 )
-from tianshou_plugins.weights import cpu_state_dict
 
 
 @dataclass(kw_only=True)
@@ -84,30 +83,21 @@ _REPLAY_STATS = (
 
 
 class GorilaCollector(RayActorCollector[GorilaCollectStats]):
-    """Collect with ``num_actors`` Ray actors of ``envs_per_actor`` envs each; see the module doc.
+    """Collect with a fleet of Ray actors for a GorilaDQN; see the module docstring.
 
     Args:
-        policy: the :class:`~tianshou_plugins.GorilaDQN` being trained (its policy acts; its
-            ``gamma`` and n-step horizon fold the rows; its gradient-update count versions the
-            weights), or a ``DiscreteQLearningPolicy`` together with ``gamma`` and ``n_step``.
+        algorithm: the :class:`~tianshou_plugins.GorilaDQN` (or ``MultiAgentGorilaDQN``) being
+            trained: its policy acts, its ``gamma`` and n-step horizon fold the rows, and its
+            gradient-update count versions the weights the actors get.
         env_factory: builds one environment (picklable; it runs inside the actors).
         buffer: the distributed replay the actors push to (started here if it is not running).
-        num_actors: actor processes.
-        envs_per_actor: environments per actor (stepped as one ``DummyVectorEnv``).
-        weight_sync_every_n_steps: an actor's env steps between weight pulls.
-        steps_per_env: env steps per env in one actor rollout (a rollout is
-            ``envs_per_actor * steps_per_env`` transitions).
-        gamma, n_step: only with a bare policy.
+        fleet: the actors (:class:`~tianshou_plugins.actor_collector.ActorFleet`); its fields
+            may also be given as keywords (``num_actors=2, envs_per_actor=4``), which replace
+            those of ``fleet`` (default ``ActorFleet()``).
         epsilon_base, epsilon_alpha: the Ape-X epsilon ladder.
-        max_in_flight_per_actor: rollouts queued per actor (bounds how far actors run ahead).
-        num_cpus_per_actor: CPUs reserved per actor in Ray.
-        seed: seeds the actors' envs and exploration.
-        timeout_s: the longest ``collect()`` waits for actors (and actors to start).
         central_inference: SEED mode (:class:`~tianshou_plugins.CentralInference`): the
             inference server returns greedy actions and Q-values (each actor applies its own
             epsilon and computes its initial priorities from them); the actors hold no weights.
-        weights_encoding: how the weights travel to the actors: ``"fp32"`` (exact, the
-            default), ``"fp16"`` or ``"int8"`` (see ``rl_dist_ext.weight_compression``).
     """
 
     actor_method = "collect_and_push"
@@ -116,62 +106,22 @@ class GorilaCollector(RayActorCollector[GorilaCollectStats]):
 
     def __init__(
         self,
-        policy: GorilaDQN | MultiAgentGorilaDQN | DiscreteQLearningPolicy,
+        algorithm: GorilaDQN | MultiAgentGorilaDQN,
         *,
         env_factory: Callable[[], gym.Env],
         buffer: DistributedPrioritizedReplayBuffer | MultiAgentDistributedReplayBuffer,
-        num_actors: int = 4,
-        envs_per_actor: int = 4,
-        weight_sync_every_n_steps: int = 400,
-        steps_per_env: int = 16,
-        gamma: float | None = None,
-        n_step: int | None = None,
-        epsilon_base: float = 0.4,
-        epsilon_alpha: float = 7.0,
-        max_in_flight_per_actor: int = 2,
-        num_cpus_per_actor: float = 0.25,
-        seed: int | None = None,
-        timeout_s: float = 120.0,
+        fleet: ActorFleet | None = None,
+        epsilon_base: float = EPSILON_BASE,
+        epsilon_alpha: float = EPSILON_ALPHA,
         central_inference: CentralInference | None = None,
-        weights_encoding: str = "fp32",
+        **fleet_settings: Any,
     ) -> None:
-        self._algorithm, policy, gamma, n_step = _resolve_policy(policy, gamma, n_step)
-        multi_agent = isinstance(self._algorithm, MultiAgentGorilaDQN)
-        wanted_buffer = (
-            MultiAgentDistributedReplayBuffer if multi_agent else DistributedPrioritizedReplayBuffer
-        )
-        if not isinstance(buffer, wanted_buffer):  # before Ray starts
-            raise TypeError(
-                f"buffer must be a {wanted_buffer.__name__}, got {type(buffer).__name__}"
-            )
-        if multi_agent and central_inference is not None:
-            raise ValueError(
-                "central_inference is not supported with MultiAgentGorilaDQN; use "
-                "central_inference=None (each actor holds the agents' policies)"
-            )
-        fleet = ActorFleet(
-            num_actors=num_actors,
-            envs_per_actor=envs_per_actor,
-            steps_per_env=steps_per_env,
-            weight_sync_every_n_steps=weight_sync_every_n_steps,
-            max_in_flight_per_actor=max_in_flight_per_actor,
-            num_cpus_per_actor=num_cpus_per_actor,
-            seed=seed,
-            timeout_s=timeout_s,
-            weights_encoding=weights_encoding,
-        )
-        self._epsilons = apex_epsilons(num_actors, epsilon_base, epsilon_alpha)
-        if multi_agent:
-            check_multi_agent_env_factory(env_factory, self._algorithm)
-        else:
-            check_env_factory(
-                env_factory, owner="GorilaCollector", check_env=lambda env: _check_env(env, policy)
-            )
-
-        import ray
-
+        fleet = take_fleet(fleet, ActorFleet(), fleet_settings)
+        _check_arguments(algorithm, env_factory, buffer, central_inference)
+        self._algorithm = algorithm
+        self._epsilons = apex_epsilons(fleet.num_actors, epsilon_base, epsilon_alpha)
         super().__init__(
-            policy,
+            algorithm,
             fleet=fleet,
             buffer=buffer,
             collect_stats_class=GorilaCollectStats,
@@ -180,56 +130,70 @@ class GorilaCollector(RayActorCollector[GorilaCollectStats]):
         self._published_version = -1
         self._replay_ready = False
         self._rows_pushed = 0
+        ensure_ray()
+        self._check_resources()
+        self._start_fleet(env_factory)
 
-        if not ray.is_initialized():
-            ray.init()
-        wanted = num_actors * num_cpus_per_actor + self.server_cpus()
-        num_replays = len(self._algorithm.learning_modules) if multi_agent else 1
-        if not buffer.started:
-            shard_cpus = buffer.config.num_shards * buffer.config.num_cpus_per_shard
-            wanted += num_replays * shard_cpus
+    @property
+    def _multi_agent(self) -> bool:
+        return isinstance(self._algorithm, MultiAgentGorilaDQN)
+
+    def _check_resources(self) -> None:
+        """Refuse a fleet, replay and server that the running cluster has no room for."""
+        wanted = self.fleet.num_actors * self.fleet.num_cpus_per_actor + self.server_cpus()
+        if not self.buffer.started:
+            replays = len(self._algorithm.learning_modules) if self._multi_agent else 1
+            replay = self.buffer.config
+            wanted += replays * replay.num_shards * replay.num_cpus_per_shard
         check_cpus(
             "GorilaCollector's actors (num_actors x num_cpus_per_actor), replay shards and "
             "inference server",
             wanted,
         )
-        started_buffer = not buffer.started
+
+    def _start_fleet(self, env_factory: Callable[[], gym.Env]) -> None:
+        """Start the replay (if it is not running), the weights or inference server and the
+        actors; on any failure, stop what this collector started."""
+        started_buffer = not self.buffer.started
         try:
-            if multi_agent:
-                actor_cls = MultiAgentGorilaActor
-                algorithm = self._algorithm
-                replay = {
-                    "replays": buffer.start(list(algorithm.learning_modules)),
-                    "module_of_agent": algorithm.module_of_agent,
-                    "agents": algorithm.agents,
-                }
-            else:
-                actor_cls, replay = GorilaActor, {"replay": buffer.start()}
+            actor_cls, replay = self._start_replay()
+            algorithm, fleet = self._algorithm, self.fleet
             self._start(
                 actor_cls,
                 lambda i: {
-                    "policy": policy,
+                    "policy": algorithm.policy,
                     "env_factory": env_factory,
-                    "num_envs": envs_per_actor,
+                    "num_envs": fleet.envs_per_actor,
                     "epsilon": float(self._epsilons[i]),
-                    "gamma": gamma,
-                    "n_step": n_step,
+                    "gamma": algorithm.gamma,
+                    "n_step": algorithm.n_step,
                     **replay,
                     "weights_server": self.env.weights_server,
-                    "weight_sync_every_n_steps": weight_sync_every_n_steps,
-                    "steps_per_env": steps_per_env,
+                    "weight_sync_every_n_steps": fleet.weight_sync_every_n_steps,
+                    "steps_per_env": fleet.steps_per_env,
                     "actor_index": i,
-                    "seed": seed,
+                    "seed": fleet.seed,
                 },
             )
             self._replay_ready = self._replay_holds_min_size()  # e.g. a restored replay
-            for replay in self._replays().values():
-                replay.client.while_waiting(self._keep_actors_acting)
+            for buffer in self._replays().values():
+                buffer.client.while_waiting(self._keep_actors_acting)
         except BaseException:
             self.close()
             if started_buffer:
-                buffer.close()
+                self.buffer.close()
             raise
+
+    def _start_replay(self) -> tuple[type, dict[str, Any]]:
+        """The actor class, and the replay arguments its actors take."""
+        if not self._multi_agent:
+            return GorilaActor, {"replay": self.buffer.start()}
+        algorithm = self._algorithm
+        return MultiAgentGorilaActor, {
+            "replays": self.buffer.start(list(algorithm.learning_modules)),
+            "module_of_agent": algorithm.module_of_agent,
+            "agents": algorithm.agents,
+        }
 
     def _validate_buffer(self) -> None:
         """BaseCollector's check, for this collector's kind of buffer: the distributed one."""
@@ -263,16 +227,13 @@ class GorilaCollector(RayActorCollector[GorilaCollectStats]):
     # ---- RayActorCollector's hooks ------------------------------------------------------------
     def _publish_weights(self, *, again: bool = False) -> int:
         """The learner's weights go to the actors (or the inference server) each time the
-        trainer turns to acting: the algorithm's learner step publishes them (a bare policy: a
-        new version each call). ``again``: a restarted inference server lost them."""
-        if self._algorithm is not None:
-            if again or self._published_version < 0:  # (re)connect: publishes the weights
-                self._published_version = self._algorithm.gorila.connect(weights=self.weights_sink)
-            else:
-                self._published_version = self._algorithm.gorila.publish()
-            return self._published_version
-        self._published_version += 1
-        self.weights_sink.publish(cpu_state_dict(self.policy), self._published_version)
+        trainer turns to acting: the algorithm's learner step publishes them under its
+        weights version (gradient updates). ``again``: a restarted inference server lost
+        them."""
+        if again or self._published_version < 0:  # (re)connect: publishes the weights
+            self._published_version = self._algorithm.gorila.connect(weights=self.weights_sink)
+        else:
+            self._published_version = self._algorithm.gorila.publish()
         return self._published_version
 
     def _accept(self, result: dict[str, Any]) -> bool:
@@ -335,33 +296,38 @@ class GorilaCollector(RayActorCollector[GorilaCollectStats]):
         return GorilaCollectStats(**common, replay=replay, agent_returns=agent_returns)
 
 
-def _resolve_policy(
-    policy: Any, gamma: float | None, n_step: int | None
-) -> tuple[GorilaDQN | MultiAgentGorilaDQN | None, Any, float, int]:
-    if isinstance(policy, GorilaDQN | MultiAgentGorilaDQN):
-        for name, given, own in (
-            ("gamma", gamma, policy.gamma),
-            ("n_step", n_step, policy.n_step),
-        ):
-            if given is not None and given != own:
-                raise ValueError(
-                    f"{name}={given!r} differs from the algorithm's {name}={own!r}; "
-                    f"leave {name} unset when passing a GorilaDQN"
-                )
-        return policy, policy.policy, policy.gamma, policy.n_step
-    if isinstance(policy, DiscreteQLearningPolicy):
-        if gamma is None or n_step is None:
-            raise ValueError("with a bare DiscreteQLearningPolicy, pass gamma and n_step too")
-        check_real("gamma", gamma, low=0.0, high=1.0)
-        check_int("n_step", n_step, 1)
-        return None, policy, float(gamma), n_step
-    raise TypeError(
-        "policy must be a GorilaDQN, a MultiAgentGorilaDQN or a DiscreteQLearningPolicy, got "
-        f"{type(policy).__name__}"
+def _check_arguments(
+    algorithm: Any, env_factory: Any, buffer: Any, central_inference: CentralInference | None
+) -> None:
+    """Everything GorilaCollector can check before Ray starts."""
+    if not isinstance(algorithm, GorilaDQN | MultiAgentGorilaDQN):
+        raise TypeError(
+            "GorilaCollector collects for a GorilaDQN or MultiAgentGorilaDQN (its n-step "
+            "horizon folds the rows; its gradient updates version the weights), got "
+            f"{type(algorithm).__name__}"
+        )
+    multi_agent = isinstance(algorithm, MultiAgentGorilaDQN)
+    wanted_buffer = (
+        MultiAgentDistributedReplayBuffer if multi_agent else DistributedPrioritizedReplayBuffer
     )
+    if not isinstance(buffer, wanted_buffer):
+        raise TypeError(f"buffer must be a {wanted_buffer.__name__}, got {type(buffer).__name__}")
+    if multi_agent and central_inference is not None:
+        raise ValueError(
+            "central_inference is not supported with MultiAgentGorilaDQN; use "
+            "central_inference=None (each actor holds the agents' policies)"
+        )
+    if multi_agent:
+        check_multi_agent_env_factory(env_factory, algorithm)
+    else:
+        check_env_factory(
+            env_factory,
+            owner="GorilaCollector",
+            check_env=lambda env: _check_env(env, algorithm.policy),
+        )
 
 
-def _check_env(env: gym.Env, policy: DiscreteQLearningPolicy) -> None:
+def _check_env(env: gym.Env, policy: Any) -> None:
     if not isinstance(env.action_space, gym.spaces.Discrete):
         raise TypeError(
             f"GorilaDQN needs a Discrete action space, the env has {env.action_space!r}"

@@ -12,7 +12,8 @@ persistence) is Tianshou's.
     experiment = (
         GorilaDQNExperimentBuilder(env_factory, ExperimentConfig(...), OffPolicyTrainingConfig(...))
         .with_dqn_params(DQNParams(lr=1e-3, n_step_return_horizon=3, target_update_freq=250))
-        .with_gorila_params(GorilaParams(num_actors=4, envs_per_actor=4, num_shards=2))
+        .with_gorila_params(GorilaParams(actors=ActorFleet(num_actors=4, envs_per_actor=4),
+                                         replay=DistributedReplayConfig(num_shards=2)))
         .with_model_factory_default(hidden_sizes=(128, 128))
         .build()
     )
@@ -22,8 +23,9 @@ persistence) is Tianshou's.
 ``VTraceExperimentBuilder`` is Tianshou's ``A2CExperimentBuilder`` (its actor and critic
 factories) with the algorithm :class:`~tianshou_plugins.VTrace` (``.with_vtrace_params(
 VTraceParams(...))``) and a :class:`~tianshou_plugins.VTraceCollector` as the training collector
-(``.with_vtrace_actors(VTraceActorParams(...))``; ``central_inference=CentralInference()`` for
-SEED mode); run it with an ``OnPolicyTrainingConfig``.
+(``.with_vtrace_actors(VTraceActorParams(actors=ActorFleet(...)))``;
+``central_inference=CentralInference()`` for SEED mode); run it with an
+``OnPolicyTrainingConfig``.
 
 Tianshou's experiment does not close collectors; :func:`close_world` (or its older name
 :func:`close_gorila_world`) does.
@@ -33,7 +35,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 try:
@@ -54,50 +56,37 @@ from tianshou.highlevel.experiment import A2CExperimentBuilder, DQNExperimentBui
 from tianshou.highlevel.params.algorithm_params import OnPolicyAlgorithmParams
 from tianshou.highlevel.world import World
 
-from rl_dist_ext.validation import check_int, check_real
-from tianshou_plugins.actor_collector import RayActorCollector
+from rl_dist_ext.replay.distributed import DistributedReplayConfig
+from tianshou_plugins.actor_collector import VTRACE_FLEET, ActorFleet, RayActorCollector
 from tianshou_plugins.buffer import DistributedPrioritizedReplayBuffer
 from tianshou_plugins.central_inference import CentralInference
 from tianshou_plugins.collector import GorilaCollector
 from tianshou_plugins.gorila_dqn import GorilaDQN
 from tianshou_plugins.vtrace import VTrace
-from tianshou_plugins.vtrace_collector import VTraceCollector
+from tianshou_plugins.vtrace_collector import VTraceCollector, check_trajectories_per_collect
 
 
 @dataclass(frozen=True, kw_only=True)
 class GorilaParams:
-    """The distributed part of a GorilaDQN experiment (actors and replay shards)."""
+    """The distributed part of a GorilaDQN experiment: its actors, its replay and (SEED mode)
+    the inference server, each one settings object.
 
-    num_actors: int = 4
-    envs_per_actor: int = 4
-    weight_sync_every_n_steps: int = 400
-    steps_per_env: int = 16
-    num_cpus_per_actor: float = 0.25
-    num_shards: int = 2
-    alpha: float = 0.6
-    beta: float = 0.4
-    min_size_to_sample: int = 1_000
-    samples_per_insert: float | None = None
-    batches_per_request: int = 4
-    num_cpus_per_shard: float = 0.1
+    ``replay``'s ``capacity`` is the experiment's ``training_config.buffer_size``, as for every
+    Tianshou experiment.
+    """
+
+    actors: ActorFleet = field(default_factory=ActorFleet)
+    replay: DistributedReplayConfig = field(default_factory=DistributedReplayConfig)
     central_inference: CentralInference | None = None  # SEED mode
-    seed: int | None = None
 
     def __post_init__(self) -> None:
-        check_int("num_actors", self.num_actors, 1)
-        check_int("envs_per_actor", self.envs_per_actor, 1)
-        check_int("weight_sync_every_n_steps", self.weight_sync_every_n_steps, 1)
-        check_int("steps_per_env", self.steps_per_env, 1)
-        check_int("num_shards", self.num_shards, 1)
-        check_int("min_size_to_sample", self.min_size_to_sample, 1)
-        check_int("batches_per_request", self.batches_per_request, 1)
-        check_real("num_cpus_per_actor", self.num_cpus_per_actor, low=0.0)
-        check_real("num_cpus_per_shard", self.num_cpus_per_shard, low=0.0)
-        if self.seed is not None:
-            check_int("seed", self.seed, 0)
+        _check_type("actors", self.actors, ActorFleet)
+        _check_type("replay", self.replay, DistributedReplayConfig)
+        if self.central_inference is not None:
+            _check_type("central_inference", self.central_inference, CentralInference)
 
     def create_buffer(self, capacity: int) -> DistributedPrioritizedReplayBuffer:
-        return DistributedPrioritizedReplayBuffer(capacity, **self._settings(BUFFER_SETTINGS))
+        return DistributedPrioritizedReplayBuffer(capacity, config=self.replay)
 
     def create_collector(
         self, algorithm: GorilaDQN, env_factory: Callable[[], gym.Env], capacity: int
@@ -107,22 +96,15 @@ class GorilaParams:
             algorithm,
             env_factory=env_factory,
             buffer=self.create_buffer(capacity),
-            **self._settings(COLLECTOR_SETTINGS),
+            fleet=self.actors,
+            central_inference=self.central_inference,
         )
 
-    def _settings(self, names: tuple[str, ...]) -> dict[str, Any]:
-        return {name: getattr(self, name) for name in names}
 
-
-#: The GorilaParams fields that configure the replay buffer, and the collector's actors.
-BUFFER_SETTINGS = (
-    "num_shards", "alpha", "beta", "min_size_to_sample", "samples_per_insert",
-    "batches_per_request", "num_cpus_per_shard", "seed",
-)  # fmt: skip
-COLLECTOR_SETTINGS = (
-    "num_actors", "envs_per_actor", "weight_sync_every_n_steps", "steps_per_env",
-    "num_cpus_per_actor", "central_inference", "seed",
-)  # fmt: skip
+def _check_type(name: str, value: Any, wanted: type) -> None:
+    if not isinstance(value, wanted):
+        article = "an" if wanted.__name__[0] in "AEIOU" else "a"
+        raise TypeError(f"{name} must be {article} {wanted.__name__}, got {type(value).__name__}")
 
 
 def _make_training_env(env_factory: EnvFactory) -> gym.Env:
@@ -196,39 +178,26 @@ class VTraceParams(OnPolicyAlgorithmParams):
 class VTraceActorParams:
     """The distributed part of a VTrace experiment: the actors (and, for SEED, the server)."""
 
-    num_actors: int = 2
-    envs_per_actor: int = 8
-    steps_per_env: int = 32
-    weight_sync_every_n_steps: int = 256
-    max_in_flight_per_actor: int = 2
+    actors: ActorFleet = VTRACE_FLEET
     max_trajectories_per_collect: int = 16
-    num_cpus_per_actor: float = 0.25
     central_inference: CentralInference | None = None
-    seed: int | None = None
 
     def __post_init__(self) -> None:
-        check_int("num_actors", self.num_actors, 1)
-        check_int("envs_per_actor", self.envs_per_actor, 1)
-        check_int("steps_per_env", self.steps_per_env, 1)
-        check_int("weight_sync_every_n_steps", self.weight_sync_every_n_steps, 1)
-        check_int("max_in_flight_per_actor", self.max_in_flight_per_actor, 1)
-        check_int("max_trajectories_per_collect", self.max_trajectories_per_collect, 1)
-        check_real("num_cpus_per_actor", self.num_cpus_per_actor, low=0.0)
-        if self.central_inference is not None and not isinstance(
-            self.central_inference, CentralInference
-        ):
-            raise TypeError(
-                "central_inference must be a CentralInference (or None), got "
-                f"{type(self.central_inference).__name__}"
-            )
-        if self.seed is not None:
-            check_int("seed", self.seed, 0)
+        _check_type("actors", self.actors, ActorFleet)
+        check_trajectories_per_collect(self.max_trajectories_per_collect, self.actors)
+        if self.central_inference is not None:
+            _check_type("central_inference", self.central_inference, CentralInference)
 
     def create_collector(
         self, algorithm: VTrace, env_factory: Callable[[], gym.Env]
     ) -> VTraceCollector:
-        settings = {name: getattr(self, name) for name in self.__dataclass_fields__}
-        return VTraceCollector(algorithm, env_factory=env_factory, **settings)
+        return VTraceCollector(
+            algorithm,
+            env_factory=env_factory,
+            fleet=self.actors,
+            max_trajectories_per_collect=self.max_trajectories_per_collect,
+            central_inference=self.central_inference,
+        )
 
 
 class VTraceAlgorithmFactory(ActorCriticOnPolicyAlgorithmFactory[VTraceParams, VTrace]):

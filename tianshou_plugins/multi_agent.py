@@ -34,6 +34,7 @@ from tianshou.algorithm.multiagent.marl import MapTrainingStats, MultiAgentOffPo
 from tianshou.data import Batch, ReplayBuffer
 
 from rl_dist_ext.gorila import GorilaLearner, GorilaLearnerCounters
+from rl_dist_ext.replay.distributed import DistributedReplayConfig
 from tianshou_plugins.actor_collector import check_env_factory
 from tianshou_plugins.buffer import DistributedPrioritizedReplayBuffer
 from tianshou_plugins.gorila_dqn import GorilaDQN
@@ -129,23 +130,29 @@ class MultiAgentGorilaDQN(GorilaLearnerCounters, MultiAgentOffPolicyAlgorithm):
 
 class MultiAgentDistributedReplayBuffer:
     """One :class:`~tianshou_plugins.DistributedPrioritizedReplayBuffer` per learning module,
-    each with the settings given here (``capacity`` and ``min_size_to_sample`` per module).
+    each with the settings given here, as :class:`DistributedPrioritizedReplayBuffer` takes
+    them (``capacity`` and ``min_size_to_sample`` per module; module ``i`` seeds its shards
+    with ``seed + 1000 * i``).
 
     ``sample(n)`` returns ``(Batch(module -> batch of n rows), module -> keys)``, what
     :class:`MultiAgentGorilaDQN`'s update hands to each module. The per-module buffers start
     when :meth:`start` is given the modules (``GorilaCollector`` does it).
     """
 
-    def __init__(self, capacity: int = 100_000, **settings: Any) -> None:
-        self._capacity = capacity
-        self._settings = settings
+    def __init__(
+        self,
+        capacity: int | None = None,
+        *,
+        config: DistributedReplayConfig | None = None,
+        **settings: Any,
+    ) -> None:
         # Built here so that bad settings raise before anything starts.
-        self._template = DistributedPrioritizedReplayBuffer(capacity, **settings)
+        self._template = DistributedPrioritizedReplayBuffer(capacity, config=config, **settings)
         self._buffers: dict[str, DistributedPrioritizedReplayBuffer] = {}
 
     @property
-    def config(self):
-        """The settings of each module's replay (a ``DistributedReplayConfig``)."""
+    def config(self) -> DistributedReplayConfig:
+        """The settings of each module's replay."""
         return self._template.config
 
     @property
@@ -162,15 +169,14 @@ class MultiAgentDistributedReplayBuffer:
             raise ValueError(
                 f"this buffer holds the modules {list(self._buffers)}, not {list(modules)}"
             )
-        seed = self._settings.get("seed")
+        template = self._template.config
         for index, module in enumerate(modules):
             if module not in self._buffers:
-                settings = dict(self._settings)
-                if seed is not None:
-                    settings["seed"] = seed + 1000 * index
+                seed = None if template.seed is None else template.seed + 1000 * index
                 self._buffers[module] = DistributedPrioritizedReplayBuffer(
-                    self._capacity, **settings
+                    config=template, seed=seed
                 )
+                self._buffers[module].set_beta(self._template.beta)
         return {module: buffer.start() for module, buffer in self._buffers.items()}
 
     def buffer(self, module: str) -> DistributedPrioritizedReplayBuffer:

@@ -29,11 +29,14 @@ from tianshou.data import VectorReplayBuffer
 from rl_dist_ext.validation import check_int
 from tianshou_plugins.actor import VTraceActor
 from tianshou_plugins.actor_collector import (
+    VTRACE_FLEET,
     ActorCollectStats,
     ActorFleet,
     RayActorCollector,
     check_cpus,
     check_env_factory,
+    ensure_ray,
+    take_fleet,
 )
 from tianshou_plugins.central_inference import CentralInference
 from tianshou_plugins.vtrace import VTrace, steps_from_trajectory
@@ -57,21 +60,15 @@ class VTraceCollector(RayActorCollector[VTraceCollectStats]):
         algorithm: the :class:`~tianshou_plugins.VTrace` being trained (its policy acts; its
             gradient-update count versions the weights).
         env_factory: builds one environment (picklable; it runs inside the actors).
-        num_actors: actor processes.
-        envs_per_actor: environments per actor (stepped as one ``DummyVectorEnv``).
-        steps_per_env: the trajectory length ``T``.
-        weight_sync_every_n_steps: an actor's env steps between weight pulls.
-        max_in_flight_per_actor: trajectories queued per actor (bounds how far actors run ahead).
+        fleet: the actors (:class:`~tianshou_plugins.actor_collector.ActorFleet`;
+            ``steps_per_env`` is the trajectory length ``T``); its fields may also be given as
+            keywords (``num_actors=2``), which replace those of ``fleet`` (default
+            :data:`~tianshou_plugins.actor_collector.VTRACE_FLEET`).
         max_trajectories_per_collect: the most trajectories one ``collect()`` returns (the
             buffer's size); more finished ones wait for the next call.
-        num_cpus_per_actor: CPUs reserved per actor in Ray.
-        seed: seeds the actors' envs and action sampling.
-        timeout_s: the longest ``collect()`` waits for actors (and actors to start).
         central_inference: SEED mode (:class:`~tianshou_plugins.CentralInference`): the
             inference server samples every actor's actions and returns their log-probs; the
             actors hold no weights. ``None``: each actor acts with its own copy.
-        weights_encoding: how the weights travel to the actors: ``"fp32"`` (exact, the
-            default), ``"fp16"`` or ``"int8"`` (see ``rl_dist_ext.weight_compression``).
     """
 
     actor_method = "collect_trajectory"
@@ -83,71 +80,55 @@ class VTraceCollector(RayActorCollector[VTraceCollectStats]):
         algorithm: VTrace,
         *,
         env_factory: Callable[[], gym.Env],
-        num_actors: int = 2,
-        envs_per_actor: int = 8,
-        steps_per_env: int = 32,
-        weight_sync_every_n_steps: int = 256,
-        max_in_flight_per_actor: int = 2,
+        fleet: ActorFleet | None = None,
         max_trajectories_per_collect: int = 16,
-        num_cpus_per_actor: float = 0.25,
-        seed: int | None = None,
-        timeout_s: float = 120.0,
         central_inference: CentralInference | None = None,
-        weights_encoding: str = "fp32",
+        **fleet_settings: Any,
     ) -> None:
+        fleet = take_fleet(fleet, VTRACE_FLEET, fleet_settings)
         if not isinstance(algorithm, VTrace):
             raise TypeError(
                 "VTraceCollector collects for a tianshou_plugins.VTrace algorithm (its weights "
                 f"version labels the trajectories), got {type(algorithm).__name__}"
             )
-        fleet = ActorFleet(
-            num_actors=num_actors,
-            envs_per_actor=envs_per_actor,
-            steps_per_env=steps_per_env,
-            weight_sync_every_n_steps=weight_sync_every_n_steps,
-            max_in_flight_per_actor=max_in_flight_per_actor,
-            num_cpus_per_actor=num_cpus_per_actor,
-            seed=seed,
-            timeout_s=timeout_s,
-            weights_encoding=weights_encoding,
-        )
-        check_int("max_trajectories_per_collect", max_trajectories_per_collect, num_actors)
-        policy = algorithm.policy
+        check_trajectories_per_collect(max_trajectories_per_collect, fleet)
         check_env_factory(
-            env_factory, owner="VTraceCollector", check_env=lambda env: _check_env(env, policy)
+            env_factory,
+            owner="VTraceCollector",
+            check_env=lambda env: _check_env(env, algorithm.policy),
         )
-        rows = max_trajectories_per_collect * envs_per_actor
-        buffer = VectorReplayBuffer(rows * steps_per_env, rows)
-
-        import ray
-
+        rows = max_trajectories_per_collect * fleet.envs_per_actor
         super().__init__(
             algorithm,
             fleet=fleet,
-            buffer=buffer,
+            buffer=VectorReplayBuffer(rows * fleet.steps_per_env, rows),
             collect_stats_class=VTraceCollectStats,
             central_inference=central_inference,
         )
         self._algorithm = algorithm
         self._published_version = -1
-        if not ray.is_initialized():
-            ray.init()
+        ensure_ray()
         check_cpus(
             "VTraceCollector's actors (num_actors x num_cpus_per_actor) and inference server",
-            num_actors * num_cpus_per_actor + self.server_cpus(),
+            fleet.num_actors * fleet.num_cpus_per_actor + self.server_cpus(),
         )
+        self._start_fleet(env_factory)
+
+    def _start_fleet(self, env_factory: Callable[[], gym.Env]) -> None:
+        """Start the weights or inference server and the actors; on any failure, stop them."""
+        fleet = self.fleet
         try:
             self._start(
                 VTraceActor,
                 lambda i: {
-                    "policy": policy,
+                    "policy": self._algorithm.policy,
                     "env_factory": env_factory,
-                    "num_envs": envs_per_actor,
+                    "num_envs": fleet.envs_per_actor,
                     "weights_server": self.env.weights_server,
-                    "weight_sync_every_n_steps": weight_sync_every_n_steps,
-                    "steps_per_env": steps_per_env,
+                    "weight_sync_every_n_steps": fleet.weight_sync_every_n_steps,
+                    "steps_per_env": fleet.steps_per_env,
                     "actor_index": i,
-                    "seed": seed,
+                    "seed": fleet.seed,
                 },
             )
         except BaseException:
@@ -202,6 +183,11 @@ class VTraceCollector(RayActorCollector[VTraceCollectStats]):
             num_trajectories=len(results),
             queue_fill=min(self._ready_at_start / capacity, 1.0),
         )
+
+
+def check_trajectories_per_collect(value: Any, fleet: ActorFleet) -> int:
+    """``max_trajectories_per_collect`` must let every actor deliver one trajectory."""
+    return check_int("max_trajectories_per_collect", value, fleet.num_actors)
 
 
 def _check_env(env: gym.Env, policy: Any) -> None:

@@ -23,8 +23,15 @@ if TYPE_CHECKING:
 # torch is not imported at run time: the replay shards use these functions on numpy arrays.
 ArrayT = TypeVar("ArrayT", np.ndarray, "torch.Tensor")
 
+#: The paper's proportional-variant settings (Schaul et al. 2016, table 3; Ape-X uses them too):
+#: the defaults of every replay in rl-dist-ext (``DistributedReplayConfig`` and below).
+PER_ALPHA = 0.6
+PER_BETA = 0.4
+#: added to every priority so that none is zero
+PER_EPS = 1e-6
 
-def td_priorities(td_errors: ArrayT, *, alpha: float = 0.6, eps: float = 1e-6) -> ArrayT:
+
+def td_priorities(td_errors: ArrayT, *, alpha: float = PER_ALPHA, eps: float = PER_EPS) -> ArrayT:
     """Priorities ``(|td_errors| + eps) ** alpha`` (Schaul et al. 2016, proportional variant).
 
     Args:

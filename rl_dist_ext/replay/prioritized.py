@@ -17,7 +17,13 @@ from typing import Any, NamedTuple
 import numba
 import numpy as np
 
-from rl_dist_ext.ops.priorities import td_priorities, validate_alpha_eps
+from rl_dist_ext.ops.priorities import (
+    PER_ALPHA,
+    PER_BETA,
+    PER_EPS,
+    td_priorities,
+    validate_alpha_eps,
+)
 from rl_dist_ext.replay import compression as codec
 from rl_dist_ext.replay.storage import ColumnarStorage
 from rl_dist_ext.replay.sum_tree import SumTree
@@ -59,8 +65,8 @@ class PrioritizedReplay:
         self,
         capacity: int,
         *,
-        alpha: float = 0.6,
-        eps: float = 1e-6,
+        alpha: float = PER_ALPHA,
+        eps: float = PER_EPS,
         seed: int | None = None,
         compression: codec.ObsCompression | None = None,
     ) -> None:
@@ -163,7 +169,7 @@ class PrioritizedReplay:
         next_id = self._storage.next_id
         return np.arange(next_id - rows, next_id, dtype=np.int64)
 
-    def sample(self, batch_size: int, *, beta: float = 0.4) -> ReplaySample:
+    def sample(self, batch_size: int, *, beta: float = PER_BETA) -> ReplaySample:
         """Draw ``batch_size`` rows with probability ``p_i / sum_k p_k`` (stratified, replacing).
 
         Returns:

@@ -16,9 +16,15 @@ only enforces ``min_size_to_sample``.
 
 from __future__ import annotations
 
+import numbers
 from dataclasses import dataclass
 
 from rl_dist_ext.validation import check_int
+
+
+def _is_positive(value: object) -> bool:
+    """A real number > 0 (not a bool, not NaN, not a Tune search space left unresolved)."""
+    return isinstance(value, numbers.Real) and not isinstance(value, bool) and value > 0
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -31,14 +37,14 @@ class RateLimit:
 
     def __post_init__(self) -> None:
         check_int("min_size_to_sample", self.min_size_to_sample, 1)
-        if self.samples_per_insert is not None and not self.samples_per_insert > 0:
+        if self.samples_per_insert is not None and not _is_positive(self.samples_per_insert):
             raise ValueError(
                 f"samples_per_insert must be > 0 or None, got {self.samples_per_insert!r}"
             )
         if self.error_buffer is not None:
             if self.samples_per_insert is None:
                 raise ValueError("error_buffer needs samples_per_insert to be set")
-            if not self.error_buffer > 0:
+            if not _is_positive(self.error_buffer):
                 raise ValueError(f"error_buffer must be > 0, got {self.error_buffer!r}")
 
     @property

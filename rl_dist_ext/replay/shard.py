@@ -19,6 +19,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from rl_dist_ext.ops.priorities import PER_ALPHA, PER_EPS
 from rl_dist_ext.replay import snapshot
 from rl_dist_ext.replay.compression import ObsCompression, PackedRows
 from rl_dist_ext.replay.prioritized import PrioritizedReplay
@@ -66,8 +67,8 @@ class ShardSpec:
 
     shard_index: int
     capacity: int
-    alpha: float = 0.6
-    eps: float = 1e-6
+    alpha: float = PER_ALPHA
+    eps: float = PER_EPS
     seed: int | None = None
     rate_limit: RateLimit = field(default_factory=RateLimit)
     snapshot_uri: str | None = None  # file this shard snapshots to and restores from

@@ -44,7 +44,8 @@ class DistributedReplay:
             )
         import ray
 
-        from rl_dist_ext.ray_actors import check_resources_fit, start_replay_shard
+        from rl_dist_ext.ray_actors import check_resources_fit
+        from rl_dist_ext.replay.distributed.shard_actor import start_replay_shard
 
         if not ray.is_initialized():
             ray.init()
@@ -142,14 +143,15 @@ class DistributedReplay:
             raise TypeError(f"callback must be callable or None, got {type(callback).__name__}")
         self._sampler.while_waiting = callback
 
-    def sample(self, batch_size: int, *, beta: float = 0.4) -> ReplaySample:
-        """A prioritized batch from one shard, with importance weights normalised over all shards.
+    def sample(self, batch_size: int, *, beta: float | None = None) -> ReplaySample:
+        """A prioritized batch from one shard, with importance weights normalised over all shards
+        (exponent ``beta``; ``None``: the config's).
 
         Returns:
             ``ReplaySample(batch, keys, weights)``: column -> ``[B, ...]``, ``[B]`` int64 global
             keys for :meth:`update_priorities`, ``[B]`` float32 weights in ``(0, 1]``.
         """
-        return self._sampler.sample(batch_size, beta=beta)
+        return self._sampler.sample(batch_size, beta=self._config.beta if beta is None else beta)
 
     def update_priorities(self, keys: np.ndarray, priorities: np.ndarray) -> None:
         """Send new raw priorities for sampled ``keys``, split by shard, without waiting."""

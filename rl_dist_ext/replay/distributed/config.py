@@ -7,12 +7,12 @@ import numbers
 from dataclasses import dataclass
 from typing import Any
 
-from rl_dist_ext.ops.priorities import validate_alpha_eps
+from rl_dist_ext.ops.priorities import PER_ALPHA, PER_BETA, PER_EPS, validate_alpha_eps
 from rl_dist_ext.replay import snapshot
 from rl_dist_ext.replay.compression import ObsCompression
 from rl_dist_ext.replay.rate_limiter import RateLimit
 from rl_dist_ext.replay.shard import ShardSpec
-from rl_dist_ext.validation import check_int
+from rl_dist_ext.validation import check_int, check_real
 
 
 class ReplayTimeout(TimeoutError):
@@ -38,23 +38,48 @@ SHARD_PLACEMENTS = ("DEFAULT", "SPREAD")
 class DistributedReplayConfig:
     """Settings of a :class:`DistributedReplay`, validated when built (before any actor starts).
 
-    ``capacity`` and ``min_size_to_sample`` are totals over all shards (split evenly);
-    ``samples_per_insert`` and ``error_buffer`` apply to each shard's own inserts and samples.
-    ``compression`` (pixel observations, see :mod:`rl_dist_ext.replay.compression`): clients
-    compress before sending, shards store the blobs and decompress when sampling.
+    The one definition of the replay's settings and their defaults: RLlib's
+    ``GorilaDQNConfig.replay(...)``, Tianshou's ``DistributedPrioritizedReplayBuffer`` and the
+    high-level ``GorilaParams`` all build one of these.
+
+    - ``num_shards``: shard actors. ``capacity`` and ``min_size_to_sample`` are totals over all
+      shards (split evenly); sampling waits until every shard holds its share.
+    - ``alpha``: prioritization exponent (0 = uniform); ``eps`` is added to every priority.
+      ``beta``: the importance-sampling exponent of samples (0 = no correction); a sample call
+      may name another (annealing).
+    - ``samples_per_insert``: the replay ratio (sampled rows per inserted row) each shard's
+      rate limiter holds, by making inserts or samples wait; ``None`` lets both run free.
+      ``error_buffer`` is the allowed slack (Reverb's).
+    - ``prefetch``: sample requests the learner keeps in flight. ``batches_per_request``: learner
+      batches one sample request serves (K times fewer round trips, priorities up to K batches
+      older; Ape-X's learner also samples ahead). ``max_in_flight_adds``: adds a client may
+      have unanswered before it waits (back-pressure).
+    - ``num_cpus_per_shard``: Ray CPUs per shard actor (fractional: shards mostly wait).
+      ``placement_group`` / ``bundle_indices``: a placement group's bundles to start the shards
+      in (set by the algorithm under Tune); ``shard_placement``: ``"DEFAULT"`` or ``"SPREAD"``.
+    - ``snapshot_dir`` with ``snapshot_every_inserts`` / ``snapshot_every_s``: periodic
+      per-shard snapshots, so that a restarted shard comes back with its rows.
+    - ``timeout_s``: the longest any replay call waits (rate limiter included);
+      ``start_timeout_s``: for the shards to start; ``retry_down_shard_after_s`` and
+      ``status_refresh_s``: how often a client retries a down shard and refreshes the shards'
+      masses.
+    - ``seed``: seeds the shards' samplers (shard ``i`` gets ``seed + i``).
+    - ``compression`` (pixel observations, see :mod:`rl_dist_ext.replay.compression`): clients
+      compress before sending, shards store the blobs and decompress when sampling.
     """
 
     num_shards: int = 2
     capacity: int = 100_000
-    alpha: float = 0.6
-    eps: float = 1e-6
+    alpha: float = PER_ALPHA
+    beta: float = PER_BETA
+    eps: float = PER_EPS
     min_size_to_sample: int = 1_000
     samples_per_insert: float | None = None
     error_buffer: float | None = None
     prefetch: int = 2
-    batches_per_request: int = 1
+    batches_per_request: int = 4
     max_in_flight_adds: int = 4
-    num_cpus_per_shard: float = 0.25
+    num_cpus_per_shard: float = 0.1
     placement_group: Any = None
     bundle_indices: tuple[int, ...] | None = None
     snapshot_dir: str | None = None
@@ -72,6 +97,7 @@ class DistributedReplayConfig:
         check_int("num_shards", self.num_shards, 1)
         check_int("capacity", self.capacity, self.num_shards)
         validate_alpha_eps(self.alpha, self.eps)
+        check_real("beta", self.beta, low=0.0, high=1.0)
         check_int("min_size_to_sample", self.min_size_to_sample, 1)
         if self.min_size_to_sample > self.capacity:
             raise ValueError(

@@ -68,6 +68,8 @@ class ReplayStats:
             # steps in multi-agent runs)
             "counted_inserts": counted,
             "rate_limiter_ratio": counted_samples / counted if counted else 0.0,
+            # the ratio the limiters are set to hold (config.samples_per_insert; 0: no limit)
+            "samples_per_insert_limit": float(config.samples_per_insert or 0.0),
             "sample_wait_s": sampler.wait_s,
             "sample_wait_fraction": sampler.wait_s / sampling_for if sampling_for > 0 else 0.0,
             "stale_updates": sum(s.stale_updates for s in alive),

@@ -1,0 +1,118 @@
+"""The three test tiers, marked per test, and the guard that keeps the fast tier honest.
+
+- ``fast`` (``make test-fast``): no process starts (no Ray, no subprocess, no multiprocessing);
+  importing Ray is fine. Every test that carries none of the markers below is fast.
+- ``ray``: starts Ray (actors, an algorithm, a cluster); ``subprocess``: runs a script or an
+  interpreter. Both run in ``make test`` (what CI runs) together with the fast tier.
+- ``long``: outside CI (``make test-long``): learning tests over several seeds, long smoke runs.
+  ``make test-long`` also runs the CI seed of every learning test (marked ``learning``), so that
+  it shows each learning test over all of :data:`LEARNING_SEEDS`.
+
+A test that requests a fixture that starts Ray (``ray_session``, ``ray_nodes``, or any fixture
+built on them) is marked ``ray`` without saying so. Fast tests run first in every session, while
+no Ray is up; a fast test that starts a process there fails and says which marker it lacks.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import multiprocessing.process
+import subprocess
+from collections.abc import Iterator
+
+import pytest
+
+TIER_MARKERS = ("ray", "subprocess", "long")
+#: Fixtures whose users start Ray (directly or through a fixture built on them).
+RAY_FIXTURES = frozenset({"ray_session", "ray_nodes"})
+
+
+class ProcessStartedInFastTest(BaseException):
+    """A test of the fast tier started a process: it belongs in another tier. A
+    ``BaseException``, so that no ``except Exception`` (or ``pytest.raises``) swallows it."""
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "fast: no process starts (the default; set by tiers.py)")
+    config.addinivalue_line("markers", "ray: starts Ray (actors, an algorithm or a cluster)")
+    config.addinivalue_line("markers", "subprocess: runs a script or interpreter of its own")
+    config.addinivalue_line(
+        "markers", "long: outside CI (make test-long): several seeds, long budgets"
+    )
+    config.addinivalue_line(
+        "markers", "learning: a learning test (make test-long runs all its seeds)"
+    )
+
+
+def is_fast(item: pytest.Item) -> bool:
+    return not any(item.get_closest_marker(name) for name in TIER_MARKERS)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Mark each test's tier and run the fast tier first (stable order otherwise)."""
+    for item in items:
+        if RAY_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.ray)
+        if is_fast(item):
+            item.add_marker(pytest.mark.fast)
+    items.sort(key=lambda item: not is_fast(item))
+
+
+@contextlib.contextmanager
+def _no_process_starts(nodeid: str) -> Iterator[None]:
+    def refuse(what: str) -> None:
+        raise ProcessStartedInFastTest(
+            f"{nodeid} is a fast test (it carries none of the markers {TIER_MARKERS}) but "
+            f"started a process ({what}). Mark it @pytest.mark.ray if it starts Ray (or request "
+            "the ray_session fixture), @pytest.mark.subprocess if it runs a script"
+        )
+
+    def popen_child(self, args, *rest, **kwargs):
+        refuse(f"subprocess {args!r}"[:200])
+
+    def process_start(self):
+        refuse(f"multiprocessing {type(self).__name__}")
+
+    saved = subprocess.Popen._execute_child, multiprocessing.process.BaseProcess.start
+    subprocess.Popen._execute_child = popen_child  # type: ignore[method-assign]
+    multiprocessing.process.BaseProcess.start = process_start  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        subprocess.Popen._execute_child, multiprocessing.process.BaseProcess.start = saved
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_setup(item: pytest.Item):
+    if not is_fast(item):
+        yield
+        return
+    with _no_process_starts(item.nodeid):
+        yield
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_call(item: pytest.Item):
+    if not is_fast(item):
+        yield
+        return
+    with _no_process_starts(item.nodeid):
+        yield
+
+
+#: Seeds of every learning test: the first runs in ``make test`` (CI); ``make test-long``
+#: (``-m "long or learning"``) runs all five.
+LEARNING_SEEDS = (0, 1, 2, 3, 4)
+
+
+def learning_seeds() -> list:
+    """``@pytest.mark.parametrize("seed", learning_seeds())`` on a learning test: every seed is
+    marked ``learning``, all but the first ``long``."""
+    first, *rest = LEARNING_SEEDS
+    return [
+        pytest.param(first, id=f"seed{first}", marks=pytest.mark.learning),
+        *(
+            pytest.param(seed, id=f"seed{seed}", marks=[pytest.mark.learning, pytest.mark.long])
+            for seed in rest
+        ),
+    ]
