@@ -194,9 +194,12 @@ def collection_throughput(actor_counts: list[int], args) -> list[dict]:
             collector = None
             try:
                 collector = GorilaCollector(
-                    make_policy(0),
-                    gamma=0.99,
-                    n_step=3,
+                    GorilaDQN(
+                        policy=make_policy(0),
+                        optim=AdamOptimizerFactory(lr=args.gorila_lr),
+                        gamma=0.99,
+                        n_step_return_horizon=3,
+                    ),
                     env_factory=slow_cartpole,
                     buffer=buffer,
                     num_actors=num_actors,

@@ -3,6 +3,10 @@
 The runs go two at a time in the background (``script_pool``): this module's first test submits
 every selected test's run, in test order, and each test waits for its own run and checks what
 it wrote.
+
+The race benchmarks (a framework's own algorithm against ours, several arms each in its own Ray
+session: 35-100 s apiece here) run in ``make test-long``; every example and the measurement
+benchmarks run in ``make test``.
 """
 
 from __future__ import annotations
@@ -269,6 +273,7 @@ def test_tianshou_vtrace_example_trains_and_writes_checkpoint_and_curve(output, 
     assert state["_extra_state"]["num_gradient_updates"] > 0
 
 
+@pytest.mark.long  # a race: several arms, each its own Ray session (see module doc)
 def test_tianshou_vtrace_vs_ppo_bench_writes_json_and_table(out_dir):
     result = json.loads((out_dir / "tianshou_vtrace_vs_ppo.json").read_text())
     assert set(result["runs"]["CartPole-v1"]) == {"vtrace-seed", "a2c dummy:2"}
@@ -277,6 +282,7 @@ def test_tianshou_vtrace_vs_ppo_bench_writes_json_and_table(out_dir):
     assert "best VTrace / best baseline" in (out_dir / "tianshou_vtrace_vs_ppo.md").read_text()
 
 
+@pytest.mark.long  # a race: several arms, each its own Ray session (see module doc)
 def test_tianshou_gorila_vs_dqn_bench_writes_json_and_table(out_dir):
     result = json.loads((out_dir / "tianshou_gorila_vs_dqn.json").read_text())
     assert set(result["runs"]) == {"CartPole-v1"}
@@ -293,6 +299,7 @@ def test_tianshou_gorila_vs_dqn_bench_writes_json_and_table(out_dir):
     assert "| CartPole-v1 | 0 |" in (out_dir / "tianshou_gorila_vs_dqn.md").read_text()
 
 
+@pytest.mark.long  # a race: several arms, each its own Ray session (see module doc)
 def test_rllib_gorila_vs_dqn_bench_writes_json_and_table(out_dir):
     result = json.loads((out_dir / "rllib_gorila_vs_dqn.json").read_text())
     assert set(result["runs"]["CartPole-v1"]) == {"GorilaDQN:2x4", "DQN:driver-1env"}
@@ -306,6 +313,7 @@ def test_rllib_gorila_vs_dqn_bench_writes_json_and_table(out_dir):
     assert "| CartPole-v1 | 0 |" in (out_dir / "rllib_gorila_vs_dqn.md").read_text()
 
 
+@pytest.mark.long  # a race: several arms, each its own Ray session (see module doc)
 def test_gorila_adapters_env_steps_bench_writes_json_and_table(out_dir):
     result = json.loads((out_dir / "gorila_adapters_env_steps.json").read_text())
     for adapter in ("RLlib", "Tianshou"):
@@ -327,6 +335,7 @@ def test_rllib_seed_vtrace_example_trains_and_writes_checkpoint_and_curve(output
     assert (out_dir / "learning_curve.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+@pytest.mark.long  # a race: several arms, each its own Ray session (see module doc)
 def test_rllib_vtrace_vs_appo_bench_writes_json_and_table(out_dir):
     result = json.loads((out_dir / "rllib_vtrace_vs_appo.json").read_text())
     assert set(result["runs"]) == {"CartPole-v1"}
@@ -414,6 +423,7 @@ def test_tianshou_multi_agent_example_trains_and_writes_checkpoint_and_curve(out
     assert state["_extra_state"]["num_gradient_updates"] > 0
 
 
+@pytest.mark.long  # a race: several arms, each its own Ray session (see module doc)
 def test_multi_agent_tictactoe_bench_writes_json_and_table(out_dir):
     result = json.loads((out_dir / "multi_agent_tictactoe.json").read_text())
     assert set(result["runs"]) == {"gorila-rllib", "dqn-tianshou"}
@@ -445,6 +455,7 @@ def test_soak_bench_writes_json_table_and_plot(out_dir):
     assert (out_dir / "soak.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+@pytest.mark.long  # a race: several arms, each its own Ray session (see module doc)
 def test_minatar_race_bench_writes_json_table_and_curves(out_dir):
     result = json.loads((out_dir / "minatar_race.json").read_text())
     runs = result["runs"]
