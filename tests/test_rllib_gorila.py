@@ -12,7 +12,9 @@ import torch
 ray = pytest.importorskip("ray")
 
 
-def small_config(**training):
+def small_config(*, runners: int = 2, **training):
+    """CartPole, ``runners`` env runners x 4 envs (2 by default: the epsilon ladder; tests of
+    one algorithm's own lifecycle take 1, a process fewer), 2 replay shards, small CPU asks."""
     from rllib_plugins import GorilaDQNConfig
 
     settings = {
@@ -27,7 +29,9 @@ def small_config(**training):
     return (
         GorilaDQNConfig()
         .environment("CartPole-v1")
-        .env_runners(num_env_runners=2, num_cpus_per_env_runner=0.2, num_envs_per_env_runner=4)
+        .env_runners(
+            num_env_runners=runners, num_cpus_per_env_runner=0.2, num_envs_per_env_runner=4
+        )
         .learners(num_learners=0)
         .resources(num_cpus_for_main_process=0.5)
         .training(**settings)
@@ -152,9 +156,12 @@ def test_checkpoint_restores_weights_and_replay(algo, tmp_path):
     assert all(0 < saved <= now for saved, now in zip(saved_sizes, sizes_now, strict=True))
     saved_weights = {k: v.clone() for k, v in algo.get_module().state_dict().items()}
 
-    restored = small_config().build_algo()
+    # RLlib's own entry point builds a fresh algorithm from the checkpoint's config and restores
+    # it with restore_from_path: weights, and every replay shard.
+    from rllib_plugins import GorilaDQN
+
+    restored = GorilaDQN.from_checkpoint(path)
     try:
-        restored.restore_from_path(path)
         stats = restored.replay().stats(wait=True)
         assert stats["size_per_shard"] == saved_sizes
         for key, value in restored.get_module().state_dict().items():
@@ -166,14 +173,6 @@ def test_checkpoint_restores_weights_and_replay(algo, tmp_path):
         )
     finally:
         restored.stop()
-    # RLlib's own entry point rebuilds the algorithm and its replay from the checkpoint.
-    from rllib_plugins import GorilaDQN
-
-    rebuilt = GorilaDQN.from_checkpoint(path)
-    try:
-        assert rebuilt.replay().stats(wait=True)["size_per_shard"] == saved_sizes
-    finally:
-        rebuilt.stop()
 
 
 def q_values_of(module, obs: np.ndarray) -> np.ndarray:
@@ -189,7 +188,7 @@ def test_restoring_an_older_checkpoint_into_the_running_algorithm_moves_versions
 ):
     """The restored (older) weights get a version newer than any published before, so the
     parameter server takes them, the runners pull them and (SEED) the server uses them."""
-    config = small_config()
+    config = small_config(runners=1)
     if central:
         config = config.central_inference(
             enabled=True, num_cpus=0.1, max_batch_size=64, max_wait_ms=1.0
@@ -227,7 +226,7 @@ def test_restoring_an_older_checkpoint_into_the_running_algorithm_moves_versions
                 lambda runner: (runner.pull_weights(), runner.weights_version)[1],
                 local_env_runner=False,
             )
-            assert pulled == [version, version]
+            assert pulled == [version]
             runner_q = algorithm.env_runner_group.foreach_env_runner(
                 lambda runner: q_values_of(runner.module, obs), local_env_runner=False
             )
@@ -239,7 +238,7 @@ def test_restoring_an_older_checkpoint_into_the_running_algorithm_moves_versions
 
 
 def test_checkpoint_without_replay(ray_session, tmp_path):
-    algorithm = small_config().replay(checkpoint=False).build_algo()
+    algorithm = small_config(runners=1).replay(checkpoint=False).build_algo()
     try:
         algorithm.train()
         algorithm.save_to_path(str(tmp_path / "ckpt"))
@@ -255,7 +254,7 @@ def test_stop_does_not_wait_on_runners_blocked_by_the_rate_limiter(ray_session):
     from test_rllib_vtrace import actors_left_since, alive_actor_classes
 
     before = alive_actor_classes()
-    algorithm = small_config().replay(samples_per_insert=1000.0).build_algo()
+    algorithm = small_config(runners=1).replay(samples_per_insert=1000.0).build_algo()
     try:
         inserted = []  # until two reads 1 s apart see no new row: the runners are blocked
         deadline = time.monotonic() + 120
@@ -462,7 +461,7 @@ def test_learner_in_its_own_actor(ray_session):
     layout a GPU learner uses; here on CPU). Its replay client was unpickled in that actor: it
     must still sample every shard."""
     algorithm = (
-        small_config()
+        small_config(runners=1)
         .learners(num_learners=1, num_cpus_per_learner=0.3)
         .replay(num_shards=4, num_cpus_per_shard=0.05)
         .build_algo()
@@ -489,7 +488,7 @@ def test_learner_in_its_own_actor(ray_session):
 
 def test_killed_replay_shard_is_survived_and_reported(ray_session, tmp_path):
     algorithm = (
-        small_config()
+        small_config(runners=1)
         .replay(snapshot_dir=str(tmp_path / "snapshots"), snapshot_every_inserts=500)
         .build_algo()
     )

@@ -54,11 +54,11 @@ def test_tune_sweeps_a_replay_setting(ray_session, tmp_path):
     algorithm), and each trial's rate limiters hold that trial's value."""
     from ray import tune
 
-    # 0.9 CPU a trial (main 0.3, 2 runners x 0.2, 2 shards x 0.1): both trials run at once
+    # 0.6 CPU a trial (main 0.3, a runner 0.2, a shard 0.1): both trials run at once
     config = (
-        small_config()
+        small_config(runners=1)
         .resources(num_cpus_for_main_process=0.3)
-        .replay(samples_per_insert=tune.grid_search([2.0, 32.0]))
+        .replay(num_shards=1, samples_per_insert=tune.grid_search([2.0, 32.0]))
     )
     with pytest.raises(ValueError, match="samples_per_insert"):
         config.validate()  # a search space is no value: only Tune resolves it
@@ -66,7 +66,7 @@ def test_tune_sweeps_a_replay_setting(ray_session, tmp_path):
         "GorilaDQN",
         param_space=config,
         run_config=tune.RunConfig(
-            stop={"training_iteration": 2}, storage_path=str(tmp_path), verbose=0
+            stop={"training_iteration": 1}, storage_path=str(tmp_path), verbose=0
         ),
     ).fit()
     assert not results.errors

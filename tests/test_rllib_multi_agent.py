@@ -18,8 +18,9 @@ from conftest import SPREAD, TTT  # noqa: E402
 SEATS = ("player_1", "player_2")
 
 
-def tictactoe_config(**training):
-    """A learner module against a random legal opponent, seats alternating per episode."""
+def tictactoe_config(*, runners: int = 2, **training):
+    """A learner module against a random legal opponent, seats alternating per episode
+    (``runners`` env runners: 2 for the learning tests, 1 where a test checks wiring)."""
     from rllib_plugins import GorilaDQNConfig
     from rllib_plugins.pettingzoo import against_random_opponent
 
@@ -27,7 +28,7 @@ def tictactoe_config(**training):
     settings.update(training)
     return (
         against_random_opponent(GorilaDQNConfig().environment(TTT), SEATS)
-        .env_runners(num_env_runners=2, num_cpus_per_env_runner=0.2)
+        .env_runners(num_env_runners=runners, num_cpus_per_env_runner=0.2)
         .learners(num_learners=0)
         .resources(num_cpus_for_main_process=0.5)
         .training(**settings)
@@ -37,8 +38,9 @@ def tictactoe_config(**training):
     )
 
 
-def spread_config(**training):
-    """MPE simple_spread (2 agents, simultaneous moves), one shared module."""
+def spread_config(*, runners: int = 2, **training):
+    """MPE simple_spread (2 agents, simultaneous moves), one shared module (``runners`` as in
+    :func:`tictactoe_config`)."""
     from rllib_plugins import GorilaDQNConfig
     from rllib_plugins.pettingzoo import ShareOneModule
 
@@ -48,7 +50,7 @@ def spread_config(**training):
         GorilaDQNConfig()
         .environment(SPREAD)
         .multi_agent(policies={"shared"}, policy_mapping_fn=ShareOneModule("shared"))
-        .env_runners(num_env_runners=2, num_cpus_per_env_runner=0.2)
+        .env_runners(num_env_runners=runners, num_cpus_per_env_runner=0.2)
         .learners(num_learners=0)
         .resources(num_cpus_for_main_process=0.5)
         .training(**settings)
@@ -176,7 +178,7 @@ def test_the_runner_never_chooses_a_masked_action(envs):
 # ---- one replay per trained module --------------------------------------------------------------
 @pytest.fixture(scope="module")
 def ttt_algo(envs):
-    algorithm = tictactoe_config().build_algo()
+    algorithm = tictactoe_config(runners=1).build_algo()
     yield algorithm
     algorithm.stop()
 
@@ -209,7 +211,7 @@ def test_checkpoint_restores_each_module_replay(ttt_algo, tmp_path):
 
 
 def test_shared_module_trains_on_a_parallel_env_with_env_step_credit(envs):
-    algorithm = spread_config().build_algo()
+    algorithm = spread_config(runners=1).build_algo()
     try:
         for _ in range(3):
             result = algorithm.train()
@@ -231,7 +233,8 @@ def test_seed_mode_serves_every_trained_module_and_masks_apply_on_the_runner(env
     epsilon, and the learner's weights reach the server."""
     from rllib_plugins.central_inference import ServerInferenceRLModule
 
-    algorithm = tictactoe_config().central_inference(enabled=True, num_cpus=0.1).build_algo()
+    config = tictactoe_config(runners=1).central_inference(enabled=True, num_cpus=0.1)
+    algorithm = config.build_algo()
     try:
         for _ in range(3):
             result = algorithm.train()
@@ -263,7 +266,7 @@ def test_seed_mode_serves_every_trained_module_and_masks_apply_on_the_runner(env
 
 
 # ---- VTrace -------------------------------------------------------------------------------------
-def vtrace_spread_config(env=SPREAD):
+def vtrace_spread_config(env=SPREAD, *, runners: int = 2):
     from rllib_plugins import VTraceConfig
     from rllib_plugins.pettingzoo import ShareOneModule
 
@@ -271,7 +274,7 @@ def vtrace_spread_config(env=SPREAD):
         VTraceConfig()
         .environment(env)
         .multi_agent(policies={"shared"}, policy_mapping_fn=ShareOneModule("shared"))
-        .env_runners(num_env_runners=2, num_envs_per_env_runner=2, rollout_fragment_length=25)
+        .env_runners(num_env_runners=runners, num_envs_per_env_runner=2, rollout_fragment_length=25)
         .learners(num_learners=0)
         .training(train_batch_size_per_learner=200)
         .reporting(min_time_s_per_iteration=0.5)  # IMPALA's default is 10 s per train()
@@ -294,7 +297,7 @@ def test_vtrace_trains_a_shared_module_on_parallel_and_aec_envs(envs, env, centr
         "rl_dist_ext_spread_aec",
         PettingZooCreator(simple_spread_v3.env, N=2, max_cycles=25, continuous_actions=False),
     )
-    config = vtrace_spread_config(env).central_inference(enabled=central, num_cpus=0.1)
+    config = vtrace_spread_config(env, runners=1).central_inference(enabled=central, num_cpus=0.1)
     algorithm = config.build_algo()
     try:
         trained = 0

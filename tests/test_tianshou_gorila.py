@@ -584,7 +584,7 @@ def test_killed_actor_restarts_and_training_continues(cluster):
 def test_checkpoint_restores_weights_counters_and_replay(cluster, tmp_path):
     algo = make_algo(seed=0)
     with make_buffer() as buffer:
-        collector = make_collector(algo, buffer)
+        collector = make_collector(algo, buffer, num_actors=1)
         try:
             for _ in range(3):
                 collector.collect(n_step=64)
@@ -610,7 +610,7 @@ def test_checkpoint_restores_weights_counters_and_replay(cluster, tmp_path):
         new_buffer.restore(str(tmp_path / "replay"))
         assert len(new_buffer) == saved_len
         inserted = new_buffer.stats(wait=True)["num_inserted"]
-        collector = make_collector(restored, new_buffer)
+        collector = make_collector(restored, new_buffer, num_actors=1)
         try:
             stats = collector.collect(n_step=64)
             # The actors act with the restored weights, published as a new version.
@@ -632,7 +632,7 @@ def test_restoring_an_older_state_into_the_running_algorithm_reaches_the_actors(
 
     algo = make_algo(seed=0)
     with make_buffer() as buffer:
-        collector = make_collector(algo, buffer)
+        collector = make_collector(algo, buffer, num_actors=1)
         try:
             collector.collect(n_step=64)
             gradient_steps(algo, buffer, 8)
