@@ -75,6 +75,56 @@ class InferenceServerConfig:
             raise ValueError(f"device must be a torch device string, got {self.device!r}")
 
 
+#: ``num_gpus="auto"``: the server's share of a GPU when the cluster has one (SEED's layout of
+#: the inference server and the learner sharing one accelerator), else none.
+AUTO = "auto"
+AUTO_SERVER_GPUS = 0.5
+
+
+@dataclass(frozen=True, kw_only=True)
+class CentralInference:
+    """SEED mode's settings, the one definition both adapters build: the server's batching
+    (:class:`InferenceServerConfig`'s defaults) and its resources.
+
+    - ``max_batch_size``: observations per server forward pass (at most); ``max_wait_ms``:
+      how long the oldest queued request may wait for more (a batch runs at once when every
+      active caller has a request queued).
+    - ``num_cpus``: Ray CPUs of the server actor (its own placement-group bundle under Tune).
+      ``num_gpus``: its GPUs (the policy then runs on ``"cuda"``); ``"auto"``: 0.5 of a GPU
+      when the Ray cluster has one, else 0.
+    """
+
+    max_batch_size: int = InferenceServerConfig.max_batch_size
+    max_wait_ms: float = InferenceServerConfig.max_wait_ms
+    num_cpus: float = 0.5
+    num_gpus: float | str = AUTO
+
+    def __post_init__(self) -> None:
+        self.server_config()  # validates the batching settings
+        check_real("num_cpus", self.num_cpus, low=0.0)
+        if self.num_gpus != AUTO:
+            check_real("num_gpus (or 'auto')", self.num_gpus, low=0.0)
+
+    def server_config(self) -> InferenceServerConfig:
+        return InferenceServerConfig(
+            max_batch_size=self.max_batch_size, max_wait_ms=self.max_wait_ms
+        )
+
+    def gpus(self, cluster_gpus: float) -> float:
+        """The server's GPUs on a cluster with ``cluster_gpus`` of them (``"auto"`` resolved)."""
+        if self.num_gpus == AUTO:
+            return min(AUTO_SERVER_GPUS, cluster_gpus)
+        return float(self.num_gpus)
+
+    def bundle(self, cluster_gpus: float) -> dict[str, float]:
+        """The server's resources, as a Ray bundle."""
+        bundle = {"CPU": float(self.num_cpus)}
+        gpus = self.gpus(cluster_gpus)
+        if gpus > 0:
+            bundle["GPU"] = gpus
+        return bundle
+
+
 class InferenceReply(NamedTuple):
     outputs: dict[str, np.ndarray]  # name -> [N, ...] rows of this request, in request order
     version: int  # weight version that computed them (-1 = initial weights)

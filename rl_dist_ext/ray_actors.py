@@ -147,6 +147,11 @@ class ParameterServerClient:
         ray.kill(self.handle, no_restart=True)
 
 
+def cluster_gpus() -> float:
+    """GPUs in the running Ray cluster (0 when Ray is not started)."""
+    return float(ray.cluster_resources().get("GPU", 0.0)) if ray.is_initialized() else 0.0
+
+
 def check_resources_fit(
     owner: str, asks: dict[str, float], *, how_to_lower: str, free: bool = False
 ) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import numbers
 import sys
+from collections.abc import Iterable
 from typing import Any
 
 
@@ -55,11 +56,19 @@ def with_settings(base: Any, settings: dict[str, Any]) -> Any:
     """
     if not settings:
         return base
-    fields = {f.name for f in dataclasses.fields(base) if f.init}
-    unknown = sorted(set(settings) - fields)
+    check_setting_names(
+        type(base).__name__, settings, {f.name for f in dataclasses.fields(base) if f.init}
+    )
+    return dataclasses.replace(base, **settings)
+
+
+def check_setting_names(owner: str, given: Iterable[str], allowed: Iterable[str]) -> None:
+    """Raise ``TypeError`` naming every name in ``given`` that ``owner`` does not take, and the
+    names it takes (before any value is looked at: values may still be Tune search spaces)."""
+    allowed = set(allowed)
+    unknown = sorted(set(given) - allowed)
     if unknown:
         raise TypeError(
-            f"{type(base).__name__} has no setting {', '.join(map(repr, unknown))}; its "
-            f"settings are {', '.join(sorted(fields))}"
+            f"{owner} has no setting {', '.join(map(repr, unknown))}; it takes "
+            f"{', '.join(sorted(allowed))}"
         )
-    return dataclasses.replace(base, **settings)

@@ -17,6 +17,7 @@ Pieces shared by :class:`~rllib_plugins.VTrace` and :class:`~rllib_plugins.Goril
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Callable, Mapping
 from typing import Any, Literal
@@ -30,9 +31,14 @@ from ray.rllib.core.rl_module.torch.torch_rl_module import TorchRLModule
 from ray.rllib.utils.from_config import NotProvided
 from ray.rllib.utils.numpy import convert_to_numpy
 
-from rl_dist_ext.inference import InferenceServerConfig
-from rl_dist_ext.ray_actors import InferenceCaller, InferenceServerHandle, start_inference_server
-from rl_dist_ext.validation import check_int, check_real
+from rl_dist_ext.inference import AUTO, CentralInference, InferenceServerConfig
+from rl_dist_ext.ray_actors import (
+    InferenceCaller,
+    InferenceServerHandle,
+    cluster_gpus,
+    start_inference_server,
+)
+from rl_dist_ext.validation import check_setting_names
 from rllib_plugins.action_masking import split_masked
 
 log = logging.getLogger(__name__)
@@ -268,36 +274,20 @@ def server_module_spec(config: Any, spaces: Any, modules: list[str] | None) -> A
     return {module: multi.rl_module_specs[module] for module in modules}
 
 
-AUTO = "auto"
-#: GPU share the server takes with ``num_gpus="auto"`` on a cluster that has a GPU: SEED's layout
-#: of the inference server and the learner sharing one accelerator.
-AUTO_SERVER_GPUS = 0.5
-
-
-def cluster_gpus() -> float:
-    """GPUs in the running Ray cluster (0 when Ray is not started)."""
-    return float(ray.cluster_resources().get("GPU", 0.0)) if ray.is_initialized() else 0.0
+#: The settings ``.central_inference()`` takes besides ``enabled``: CentralInference's fields.
+CENTRAL_INFERENCE_SETTINGS = frozenset(f.name for f in dataclasses.fields(CentralInference))
 
 
 class CentralInferenceSettingsMixin:
-    """``.central_inference(...)`` for an AlgorithmConfig (fields ``central_inference_*``)."""
+    """``.central_inference(...)`` for an AlgorithmConfig: ``central_inference_enabled`` and the
+    :class:`~rl_dist_ext.inference.CentralInference` fields that were set
+    (``central_inference_settings``), built and validated by :meth:`central_inference_config`."""
 
     def _init_central_inference(self, *, enabled: bool | str) -> None:
         self.central_inference_enabled = enabled
-        self.central_inference_max_batch_size = 64
-        self.central_inference_max_wait_ms = 2.0
-        self.central_inference_num_cpus = 1.0
-        self.central_inference_num_gpus: float | str = AUTO
+        self.central_inference_settings: dict[str, Any] = {}
 
-    def central_inference(
-        self,
-        *,
-        enabled: bool | str = NotProvided,
-        max_batch_size: int = NotProvided,
-        max_wait_ms: float = NotProvided,
-        num_cpus: float = NotProvided,
-        num_gpus: float | str = NotProvided,
-    ):
+    def central_inference(self, *, enabled: bool | str = NotProvided, **settings: Any):
         """SEED mode: env runners send observations to one batching inference server.
 
         Args:
@@ -305,23 +295,23 @@ class CentralInferenceSettingsMixin:
                 on where it pays, when the Ray cluster has a GPU for the server (and there are
                 remote env runners); on CPU only, a server round trip per env step costs more
                 than the runner's own forward pass, so runners infer locally.
-            max_batch_size: observations per server forward pass (at most).
-            max_wait_ms: how long the oldest queued request may wait for a fuller batch.
-            num_cpus, num_gpus: the server actor's resources (its own placement-group bundle);
-                with ``num_gpus > 0`` the server's module runs on the GPU. ``num_gpus="auto"``
-                (default): 0.5 GPU when the cluster has one (shared with the learner), else 0.
+            settings: fields of :class:`~rl_dist_ext.inference.CentralInference`
+                (``max_batch_size``, ``max_wait_ms``, ``num_cpus``, ``num_gpus``; the server
+                gets its own placement-group bundle, and runs its module on the GPU with
+                ``num_gpus > 0``; ``num_gpus="auto"``: 0.5 of a GPU when the cluster has one).
+                Values may be Tune search spaces: they are checked when the algorithm is built.
         """
+        check_setting_names(
+            "central_inference()", settings, CENTRAL_INFERENCE_SETTINGS | {"enabled"}
+        )
         if enabled is not NotProvided:
             self.central_inference_enabled = enabled
-        if max_batch_size is not NotProvided:
-            self.central_inference_max_batch_size = max_batch_size
-        if max_wait_ms is not NotProvided:
-            self.central_inference_max_wait_ms = max_wait_ms
-        if num_cpus is not NotProvided:
-            self.central_inference_num_cpus = num_cpus
-        if num_gpus is not NotProvided:
-            self.central_inference_num_gpus = num_gpus
+        self.central_inference_settings = {**self.central_inference_settings, **settings}
         return self
+
+    def central_inference_config(self) -> CentralInference:
+        """The server's settings (raises ``ValueError`` naming a bad field)."""
+        return CentralInference(**self.central_inference_settings)
 
     def uses_central_inference(self) -> bool:
         """Whether this run has an inference server (``enabled`` resolved on this cluster)."""
@@ -331,9 +321,7 @@ class CentralInferenceSettingsMixin:
 
     def central_inference_gpus(self) -> float:
         """The server's GPUs (``num_gpus`` resolved on this cluster)."""
-        if self.central_inference_num_gpus == AUTO:
-            return min(AUTO_SERVER_GPUS, cluster_gpus())
-        return float(self.central_inference_num_gpus)
+        return self.central_inference_config().gpus(cluster_gpus())
 
     def validate_central_inference(self) -> None:
         enabled = self.central_inference_enabled
@@ -341,11 +329,10 @@ class CentralInferenceSettingsMixin:
             raise ValueError(
                 f"central_inference(enabled=...) must be True, False or 'auto', got {enabled!r}"
             )
-        check_int("central_inference(max_batch_size)", self.central_inference_max_batch_size, 1)
-        check_real("central_inference(max_wait_ms)", self.central_inference_max_wait_ms, low=0.0)
-        check_real("central_inference(num_cpus)", self.central_inference_num_cpus, low=0.0)
-        if self.central_inference_num_gpus != AUTO:
-            check_real("central_inference(num_gpus)", self.central_inference_num_gpus, low=0.0)
+        try:
+            self.central_inference_config()
+        except ValueError as error:
+            raise ValueError(f"central_inference(...): {error}") from None
         if enabled is True and self.num_env_runners < 1:
             raise ValueError(
                 "central_inference(enabled=True) needs num_env_runners >= 1 (the server answers "
@@ -353,17 +340,10 @@ class CentralInferenceSettingsMixin:
             )
 
     def inference_server_config(self) -> InferenceServerConfig:
-        return InferenceServerConfig(
-            max_batch_size=self.central_inference_max_batch_size,
-            max_wait_ms=self.central_inference_max_wait_ms,
-        )
+        return self.central_inference_config().server_config()
 
     def inference_server_bundle(self) -> dict[str, float]:
-        bundle = {"CPU": float(self.central_inference_num_cpus)}
-        gpus = self.central_inference_gpus()
-        if gpus > 0:
-            bundle["GPU"] = gpus
-        return bundle
+        return self.central_inference_config().bundle(cluster_gpus())
 
 
 class InferenceServerClient(InferenceServerHandle):

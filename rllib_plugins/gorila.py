@@ -6,7 +6,11 @@ transitions, compute initial priorities and push them to a sharded, prioritized 
 (``rl_dist_ext.replay.distributed``). The central learner (``GorilaDQNTorchLearner``, inside
 RLlib's LearnerGroup) samples from the replay with prefetch, trains double DQN and publishes
 versioned weights to a parameter server, which runners pull every K env steps. A training
-iteration never waits for a full sampling round: runner requests are asynchronous.
+iteration never waits for a full sampling round: runner requests are asynchronous. While the
+replay's rate limiter holds a learner in the driver (``num_learners=0``, the default), the
+driver keeps handing the runners requests; learner actors (``num_learners >= 1``) get no such
+help, so give their runners enough requests in flight to pay for a learning chunk
+(``LEARN_CHUNK`` updates, at ``samples_per_insert``).
 
 Multi-agent envs (RLlib's ``multi_agent(...)``): ``GorilaMultiAgentEnvRunner`` acts for every
 agent; each trained module gets its own distributed replay (its priorities, its rate limiter)
@@ -42,7 +46,7 @@ from rl_dist_ext.replay.distributed import (
     DistributedReplayConfig,
     check_snapshot_dir_reachable,
 )
-from rl_dist_ext.validation import check_int
+from rl_dist_ext.validation import check_int, check_setting_names
 from rl_dist_ext.weight_compression import check_encoding
 from rllib_plugins.central_inference import (
     CentralInferenceSettingsMixin,
@@ -109,9 +113,9 @@ class GorilaDQNConfig(CentralInferenceSettingsMixin, DQNConfig):
     - ``num_cpus_per_env_runner`` defaults to 0.2 (Ray's logical CPUs): 4 runners, the 2
       shards and the driver fit on a 2-core laptop. Runner connector states are not merged
       after each iteration (RLlib's blocking merge would wait behind the runners' requests).
-    - ``.central_inference(enabled=False, max_batch_size=64, max_wait_ms=2.0, num_cpus=1.0,
-      num_gpus="auto")``: SEED mode (``num_gpus="auto"``: 0.5 GPU for the
-      server when the cluster has one, else 0). Runners send observations to one
+    - ``.central_inference(enabled=False, ...)``: SEED mode, with the fields of
+      :class:`rl_dist_ext.inference.CentralInference` (batching, the server's CPUs and GPUs;
+      ``num_gpus="auto"``: 0.5 GPU when the cluster has one). Runners send observations to one
       inference server that returns Q-values; each runner still applies its own epsilon and
       computes initial priorities from the server's Q-values. Weights go to the server, not to
       the runners.
@@ -239,12 +243,7 @@ class GorilaDQNConfig(CentralInferenceSettingsMixin, DQNConfig):
         shards, placed by RLlib's ``config.resources(placement_strategy=...)`` ("PACK" by
         default; "SPREAD" spreads all of the trial's bundles).
         """
-        unknown = sorted(set(settings) - REPLAY_SETTINGS)
-        if unknown:
-            raise TypeError(
-                f"replay() has no setting {', '.join(map(repr, unknown))}; it takes "
-                f"prioritized, checkpoint and {', '.join(sorted(REPLAY_SETTINGS))}"
-            )
+        check_setting_names("replay()", settings, REPLAY_SETTINGS | {"prioritized", "checkpoint"})
         if prioritized is not NotProvided:
             self.replay_prioritized = prioritized
         if checkpoint is not NotProvided:
@@ -448,7 +447,7 @@ class GorilaDQN(DQN):
                     ),
                     kind="q",
                     server_config=config.inference_server_config(),
-                    num_cpus=config.central_inference_num_cpus,
+                    num_cpus=config.central_inference_config().num_cpus,
                     num_gpus=config.central_inference_gpus(),
                     placement_group=placement_group,
                     bundle_index=server_bundle,
@@ -463,6 +462,12 @@ class GorilaDQN(DQN):
         self._last_iteration = (time.monotonic(), 0)
         self._replay_ready = False
         self._runner_health = RunnerHealth("GorilaDQN", self.config.num_env_runners)
+        if self.learner_group.is_local:
+            # The learner samples in this process, and this process hands the runners their
+            # requests: while the rate limiter holds a sample, keep handing them out, or the
+            # learner waits for inserts from runners that have nothing to do (until timeout_s).
+            for replay in self._replays.values():
+                replay.while_waiting(self._act)
 
     @property
     def replays(self) -> dict[str, DistributedReplay]:
@@ -515,6 +520,7 @@ class GorilaDQN(DQN):
         blocked on it), then the inference server, the replay shards and the weights server."""
         replays = getattr(self, "_replays", {})
         for replay in replays.values():
+            replay.while_waiting(None)
             replay.stop_rate_limiting()
         super().cleanup()
         inference, self._inference = getattr(self, "_inference", None), None

@@ -209,7 +209,7 @@ class VTrace(IMPALA):
                 ),
                 kind="policy",
                 server_config=config.inference_server_config(),
-                num_cpus=config.central_inference_num_cpus,
+                num_cpus=config.central_inference_config().num_cpus,
                 num_gpus=config.central_inference_gpus(),
                 placement_group=placement_group,
                 bundle_index=bundle,

@@ -7,7 +7,8 @@ import time
 
 import pytest
 
-pytest_plugins = ["tiers"]  # the test tiers: fast, ray, subprocess, long (tests/tiers.py)
+# the test tiers: fast, ray, subprocess, long (tests/tiers.py); pytester tests the tiers' guard
+pytest_plugins = ["tiers", "pytester"]
 
 # Credentials for the test S3 server (tests/test_object_storage.py), set before Ray starts so
 # that replay shard actors see them too; the metadata probe of a missing AWS setup is skipped.

@@ -5,8 +5,9 @@ every selected test's run, in test order, and each test waits for its own run an
 it wrote.
 
 The race benchmarks (a framework's own algorithm against ours, several arms each in its own Ray
-session: 35-100 s apiece here) run in ``make test-long``; every example and the measurement
-benchmarks run in ``make test``.
+session: 35-100 s apiece here) and the measurements that train whole algorithms (central vs
+local inference, the pixel pipeline, the soak) run in ``make test-long``; every example and the
+other measurement benchmarks run in ``make test``.
 """
 
 from __future__ import annotations
@@ -351,6 +352,7 @@ def test_rllib_vtrace_vs_appo_bench_writes_json_and_table(out_dir):
     assert "| CartPole-v1 | 0 |" in (out_dir / "rllib_vtrace_vs_appo.md").read_text()
 
 
+@pytest.mark.long  # a measurement that trains whole algorithms (see module doc)
 def test_central_inference_bench_writes_json_and_table(out_dir):
     # GorilaDQN on MinAtar: the pixel path (uint8 frames, compressed replay, the whole actor
     # step per request); VTrace's runners differ only in what one request runs.
@@ -432,6 +434,7 @@ def test_multi_agent_tictactoe_bench_writes_json_and_table(out_dir):
     assert "GorilaDQN / fastest DQN setting" in (out_dir / "multi_agent_tictactoe.md").read_text()
 
 
+@pytest.mark.long  # a measurement that trains whole algorithms (see module doc)
 def test_pixel_pipeline_bench_writes_json_and_table(out_dir):
     (row,) = json.loads((out_dir / "pipeline.json").read_text())["rows"]
     assert row["actors"] == 2 and row["env_steps_per_s"] > 0 and row["updates_per_s"] > 0
@@ -439,6 +442,7 @@ def test_pixel_pipeline_bench_writes_json_and_table(out_dir):
     assert "| 2 |" in (out_dir / "pipeline.md").read_text()
 
 
+@pytest.mark.long  # a measurement that trains whole algorithms (see module doc)
 def test_soak_bench_writes_json_table_and_plot(out_dir):
     result = json.loads((out_dir / "soak.json").read_text())
     samples = result["runs"]["tianshou"]

@@ -271,3 +271,39 @@ def test_a_server_of_several_modules_batches_each_module_apart_and_takes_weights
         asyncio.run(server.infer("r0", np.zeros((1, 3)), "c"))
     with pytest.raises(ValueError, match=r"weights for modules \['c'\]"):
         asyncio.run(server.set_weights({"c": np.eye(3)}, 2))
+
+
+def test_central_inference_is_one_settings_object_for_both_adapters():
+    """SEED mode's settings are defined once (rl_dist_ext.inference.CentralInference): the
+    server's batching defaults are InferenceServerConfig's, Tianshou's collectors take the same
+    class, and RLlib's ``.central_inference(...)`` builds one (checked when built, so that Tune
+    search spaces pass through the setter)."""
+    from rl_dist_ext.inference import CentralInference, InferenceServerConfig
+    from rllib_plugins import VTraceConfig
+    from tianshou_plugins import CentralInference as TianshouCentralInference
+
+    assert TianshouCentralInference is CentralInference
+    default = CentralInference()
+    server = InferenceServerConfig()
+    assert (default.max_batch_size, default.max_wait_ms) == (
+        server.max_batch_size,
+        server.max_wait_ms,
+    )
+    assert default.gpus(cluster_gpus=0.0) == 0.0 and default.gpus(cluster_gpus=2.0) == 0.5
+    assert CentralInference(num_gpus=1).bundle(cluster_gpus=0.0) == {"CPU": 0.5, "GPU": 1.0}
+    for bad, match in (
+        ({"max_batch_size": 0}, "max_batch_size"),
+        ({"max_wait_ms": -1.0}, "max_wait_ms"),
+        ({"num_cpus": -0.5}, "num_cpus"),
+        ({"num_gpus": "all"}, "num_gpus"),
+    ):
+        with pytest.raises(ValueError, match=match):
+            CentralInference(**bad)
+
+    config = VTraceConfig().central_inference(enabled=True, max_batch_size=8, num_cpus=0.2)
+    assert config.central_inference_config() == CentralInference(max_batch_size=8, num_cpus=0.2)
+    with pytest.raises(TypeError, match="central_inference\\(\\) has no setting 'max_batch'"):
+        config.central_inference(max_batch=8)
+    config.central_inference(max_wait_ms=-3.0)  # a value is checked when the algorithm is built
+    with pytest.raises(ValueError, match=r"central_inference\(...\): max_wait_ms"):
+        config.validate_central_inference()

@@ -102,6 +102,29 @@ def test_replay_settings_reach_the_replay_config():
     assert small_config().replay(prefetch=5).replay_config().batches_per_request == 4
 
 
+def test_replay_defaults_are_the_core_configs_but_where_gorila_says_otherwise():
+    """One definition of each replay default: DistributedReplayConfig's, except the fields in
+    REPLAY_DEFAULTS (with their reasons); the algorithm's own fields are not replay() settings."""
+    import dataclasses
+
+    from rl_dist_ext.replay.distributed import DistributedReplayConfig
+    from rllib_plugins import GorilaDQNConfig
+    from rllib_plugins.gorila import REPLAY_DEFAULTS
+
+    built = GorilaDQNConfig().replay_config()
+    core = DistributedReplayConfig()
+    for field in dataclasses.fields(DistributedReplayConfig):
+        expected = REPLAY_DEFAULTS.get(field.name, getattr(core, field.name))
+        assert getattr(built, field.name) == expected, field.name
+    assert REPLAY_DEFAULTS == {"samples_per_insert": 16.0}
+    with pytest.raises(TypeError, match=r"replay\(\) has no setting 'num_shard'"):
+        GorilaDQNConfig().replay(num_shard=3)
+    with pytest.raises(TypeError, match="'placement_group'"):
+        GorilaDQNConfig().replay(placement_group=None)
+    uniform = GorilaDQNConfig().replay(prioritized=False).replay_config()
+    assert (uniform.alpha, uniform.beta) == (0.0, 0.0)
+
+
 @pytest.mark.parametrize(
     ("env", "match"),
     [("Pendulum-v1", "Discrete action space"), ("FrozenLake-v1", "Box observation space")],
@@ -254,7 +277,9 @@ def test_stop_does_not_wait_on_runners_blocked_by_the_rate_limiter(ray_session):
     from test_rllib_vtrace import actors_left_since, alive_actor_classes
 
     before = alive_actor_classes()
-    algorithm = small_config(runners=1).replay(samples_per_insert=1000.0).build_algo()
+    # two runners: their inserts outrun the learner's samples, so that both soon block (with
+    # one, the learner's samples let a trickle of inserts through and it never blocks for good)
+    algorithm = small_config().replay(samples_per_insert=1000.0).build_algo()
     try:
         inserted = []  # until two reads 1 s apart see no new row: the runners are blocked
         deadline = time.monotonic() + 120

@@ -51,14 +51,20 @@ def test_learns_cartpole_within_env_step_budget(ray_session, seed):
 
 def test_tune_sweeps_a_replay_setting(ray_session, tmp_path):
     """``.replay()`` takes a Tune search space (values are checked when each trial builds its
-    algorithm), and each trial's rate limiters hold that trial's value."""
+    algorithm), and each trial's rate limiters hold that trial's value.
+
+    With ``samples_per_insert=2`` and one runner, a learning chunk (8 updates of 128 rows) asks
+    for more rows than the runner's queued requests insert: the learner's sample waits on the
+    rate limiter, and the runners must keep getting requests meanwhile (the learner lives in the
+    driver, which hands them out), or the sample waits out ``timeout_s`` and ``train()`` raises
+    ``RateLimitTimeout`` (it did, before the learner's wait kept the runners acting)."""
     from ray import tune
 
     # 0.6 CPU a trial (main 0.3, a runner 0.2, a shard 0.1): both trials run at once
     config = (
         small_config(runners=1)
         .resources(num_cpus_for_main_process=0.3)
-        .replay(num_shards=1, samples_per_insert=tune.grid_search([2.0, 32.0]))
+        .replay(num_shards=1, timeout_s=10.0, samples_per_insert=tune.grid_search([2.0, 32.0]))
     )
     with pytest.raises(ValueError, match="samples_per_insert"):
         config.validate()  # a search space is no value: only Tune resolves it
@@ -66,7 +72,7 @@ def test_tune_sweeps_a_replay_setting(ray_session, tmp_path):
         "GorilaDQN",
         param_space=config,
         run_config=tune.RunConfig(
-            stop={"training_iteration": 1}, storage_path=str(tmp_path), verbose=0
+            stop={"training_iteration": 2}, storage_path=str(tmp_path), verbose=0
         ),
     ).fit()
     assert not results.errors

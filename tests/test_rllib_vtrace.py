@@ -371,7 +371,7 @@ def test_central_inference_auto_turns_on_only_with_a_gpu_for_the_server(monkeypa
     monkeypatch.setattr(central_inference, "cluster_gpus", lambda: 1.0)
     assert config.uses_central_inference()
     assert config.central_inference_gpus() == 0.5  # shares the GPU with the learner
-    assert config.inference_server_bundle() == {"CPU": 1.0, "GPU": 0.5}
+    assert config.inference_server_bundle() == {"CPU": 0.5, "GPU": 0.5}
     no_remote_runners = config.copy(copy_frozen=False).env_runners(num_env_runners=0)
     assert not no_remote_runners.uses_central_inference()
     assert (
@@ -379,7 +379,7 @@ def test_central_inference_auto_turns_on_only_with_a_gpu_for_the_server(monkeypa
     )
     pinned = config.copy(copy_frozen=False).central_inference(num_gpus=0)
     assert pinned.central_inference_gpus() == 0.0
-    assert pinned.inference_server_bundle() == {"CPU": 1.0}
+    assert pinned.inference_server_bundle() == {"CPU": 0.5}
 
 
 def test_registered_with_tune_and_rllib():

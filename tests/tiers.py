@@ -82,22 +82,14 @@ def _no_process_starts(nodeid: str) -> Iterator[None]:
         subprocess.Popen._execute_child, multiprocessing.process.BaseProcess.start = saved
 
 
-@pytest.hookimpl(hookwrapper=True)
-def pytest_runtest_setup(item: pytest.Item):
-    if not is_fast(item):
-        yield
-        return
-    with _no_process_starts(item.nodeid):
+def _guarded(item: pytest.Item):
+    """A fast test's setup or call runs with process starts refused; other tests' as they are."""
+    with _no_process_starts(item.nodeid) if is_fast(item) else contextlib.nullcontext():
         yield
 
 
-@pytest.hookimpl(hookwrapper=True)
-def pytest_runtest_call(item: pytest.Item):
-    if not is_fast(item):
-        yield
-        return
-    with _no_process_starts(item.nodeid):
-        yield
+pytest_runtest_setup = pytest.hookimpl(hookwrapper=True)(_guarded)
+pytest_runtest_call = pytest.hookimpl(hookwrapper=True)(_guarded)
 
 
 #: Seeds of every learning test: the first runs in ``make test`` (CI); ``make test-long``

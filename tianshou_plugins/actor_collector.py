@@ -209,6 +209,7 @@ class RayActorCollector(BaseCollector[TStats], Generic[TStats]):
 
         from rl_dist_ext.ray_actors import (
             InferenceServerHandle,
+            cluster_gpus,
             start_inference_server,
             start_parameter_server,
             start_restartable_actor,
@@ -225,7 +226,7 @@ class RayActorCollector(BaseCollector[TStats], Generic[TStats]):
                 TianshouPolicyFactory(self.policy, self.server_kind),
                 settings.server_config(),
                 num_cpus=settings.num_cpus,
-                num_gpus=settings.num_gpus,
+                num_gpus=settings.gpus(cluster_gpus()),
             )
             self.env.inference = InferenceServerHandle(handle)
             ray.get(handle.get_version.remote(), timeout=self._timeout_s)  # constructor errors

@@ -13,13 +13,13 @@ every actor's observations and returns actions. Weights go to the server, never 
   server, so the actor's own Tianshou ``Collector`` runs unchanged. The reply's log-probs and
   weights version ride in the ``policy`` field Tianshou stores with each step; with
   ``kind="q"`` the actor's own epsilon is applied locally (``add_exploration_noise``).
-- :class:`CentralInference`: the settings a collector takes to run in SEED mode.
+- :class:`~rl_dist_ext.inference.CentralInference` (re-exported here): the settings a collector
+  takes to run in SEED mode, the same object RLlib's ``.central_inference(...)`` builds.
 """
 
 from __future__ import annotations
 
 import copy
-from dataclasses import dataclass
 from typing import Any, Literal
 
 import gymnasium as gym
@@ -28,37 +28,13 @@ import torch
 from tianshou.algorithm.algorithm_base import Policy
 from tianshou.data import Batch
 
-from rl_dist_ext.inference import InferenceServerConfig
+from rl_dist_ext.inference import CentralInference
 from rl_dist_ext.observations import observation_array
-from rl_dist_ext.validation import check_real
 from tianshou_plugins.weights import load_cpu_state_dict
 
 Kind = Literal["policy", "q"]
 
-
-@dataclass(frozen=True, kw_only=True)
-class CentralInference:
-    """SEED mode for a collector: the server's batching, and its resources.
-
-    ``max_batch_size`` counts observations; ``max_wait_ms`` is the longest the oldest request
-    waits for more (a batch runs at once when every active actor has a request queued).
-    ``num_gpus > 0`` puts the server's policy on the GPU.
-    """
-
-    max_batch_size: int = 256
-    max_wait_ms: float = 2.0
-    num_cpus: float = 0.5
-    num_gpus: float = 0.0
-
-    def __post_init__(self) -> None:
-        self.server_config()  # validates the batching settings
-        check_real("num_cpus", self.num_cpus, low=0.0)
-        check_real("num_gpus", self.num_gpus, low=0.0)
-
-    def server_config(self) -> InferenceServerConfig:
-        return InferenceServerConfig(
-            max_batch_size=self.max_batch_size, max_wait_ms=self.max_wait_ms
-        )
+__all__ = ["CentralInference", "Kind", "ServerPolicy", "TianshouInferencePolicy"]
 
 
 class TianshouInferencePolicy:
