@@ -7,8 +7,9 @@ import time
 
 import pytest
 
-# the test tiers: fast, ray, subprocess, long (tests/tiers.py); pytester tests the tiers' guard
-pytest_plugins = ["tiers", "pytester"]
+# the test tiers: fast, ray, subprocess, long (tests/tiers.py); script runs in the background of
+# the session (tests/script_pool.py); pytester tests the tiers' guard
+pytest_plugins = ["tiers", "script_pool", "pytester"]
 
 # Credentials for the test S3 server (tests/test_object_storage.py), set before Ray starts so
 # that replay shard actors see them too; the metadata probe of a missing AWS setup is skipped.

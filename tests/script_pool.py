@@ -1,7 +1,8 @@
-"""Smoke runs of scripts, two at a time in the background, each in a fresh process forked from
-one that has imported the heavy libraries once.
+"""Script runs (example smokes, README snippets) in the background of the whole test session,
+at low CPU priority, each in a fresh process forked from one that has imported the heavy
+libraries once.
 
-A smoke run mostly pays for start-up: Python importing torch, Ray, RLlib, Tianshou and
+A script run mostly pays for start-up: Python importing torch, Ray, RLlib, Tianshou and
 matplotlib (4-8 s of CPU per script here), Ray starting and stopping, actor processes importing
 RLlib. The first cost is paid once: a *zygote* process imports those libraries (and does nothing
 else with them: no thread, no Ray session, no torch op), then forks one child per run. The child
@@ -10,25 +11,41 @@ working directory and environment, stdout and stderr in files); it only starts w
 libraries already imported. Nothing of this project is imported before the fork, so each run
 imports the code under test itself.
 
-Two runs at a time on the 2-core CI machine finish the same runs in about three quarters of the
-time (measured: two benchmark smokes of 37 s and 38 s took 56 s side by side). A module's
-fixture submits every run its selected tests need, in test order, when its first test starts;
-each test then waits for its own run and checks it.
+The Ray tests leave about a quarter of the 2 cores idle (they wait on actors, restarts,
+timeouts). So the runs do not wait for their tests: when the session's first test that may start
+processes begins (the fast tier is over), every selected run is queued, two at a time, at nice
+19, where they take the CPU the Ray tests leave idle and little else; the modules whose tests
+wait for runs go last. A test waits for its own run and checks it; a run's time limit counts
+from when its test starts waiting. A run that fails in the background (where a starved process
+may miss one of the code's own wall-clock timeouts) runs again in the foreground, with nothing
+beside it, and its test fails if that one fails too; the background failure is reported as a
+warning.
+
+Modules take part with a ``script_runs(pool, selected, mktemp)`` function that submits the runs
+of their ``selected`` test names (``mktemp(name)``: a fresh folder), and a fixture that returns
+:func:`session_pool`.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import shutil
+import signal
 import subprocess
 import sys
 import tempfile
 import threading
+import time
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
+
+import pytest
+from tiers import is_fast
 
 #: runs side by side (more than the 2 cores can overlap only makes each run slower: measured,
 #: the smoke and README modules took 664 s three at a time against 573 s two at a time)
@@ -39,9 +56,13 @@ CONCURRENT_RUNS = 2
 #: around a fork). RLlib and Tianshou are left out: importing them starts native threads.
 PRELOAD = ("numpy", "torch", "gymnasium", "ray", "matplotlib.pyplot")
 
+#: The runs' niceness (19: the lowest priority; a nice-0 process gets ~68x the CPU of one)
+NICE = 19
+
 _ZYGOTE = r"""
 import importlib, json, os, runpy, select, signal, sys, traceback
 
+os.nice(int(sys.argv[2]))  # every run it forks inherits the low priority
 import numpy  # its BLAS thread pool is the one set of threads a fork may copy
 
 def threads():
@@ -144,26 +165,67 @@ class Run:
         return self.stdout + self.stderr
 
 
+class Deadline:
+    """A run's time limit, counted from when a test starts waiting for it (before that, a run
+    in the background may wait for the CPU as long as the Ray tests keep it busy)."""
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+        self._at: float | None = None
+
+    def start(self) -> None:
+        if self._at is None:
+            self._at = time.monotonic() + self.seconds
+
+    def passed(self) -> bool:
+        return self._at is not None and time.monotonic() > self._at
+
+
 class ZygoteUnavailable(RuntimeError):
     """The zygote did not start (e.g. an import started a thread): runs go without it."""
 
 
-def _run_plain(key: str, args: Sequence[str], cwd: Path, env: dict, timeout: float) -> Run:
-    """``python *args`` in a process of its own (what a run is without the zygote)."""
-    try:
-        proc = subprocess.run(
-            [sys.executable, *args],
-            cwd=cwd,
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=timeout,
-        )
-    except subprocess.TimeoutExpired as error:
-        out = error.stdout.decode() if isinstance(error.stdout, bytes) else error.stdout or ""
-        err = error.stderr.decode() if isinstance(error.stderr, bytes) else error.stderr or ""
-        return Run(tuple(args), -1, out, err + f"\n(timed out after {timeout:.0f} s)")
-    return Run(tuple(args), proc.returncode, proc.stdout, proc.stderr)
+def _finish(wait: Callable[[float], int | None], kill: Callable[[], None], deadline: Deadline):
+    """Wait for a run's return code until ``deadline`` has passed; then kill it. Returns the
+    return code and a note for stderr."""
+    while True:
+        returncode = wait(1.0)
+        if returncode is not None:
+            return returncode, ""
+        if deadline.passed():
+            kill()
+            returncode = wait(60.0)
+            return returncode, f"\n(timed out {deadline.seconds:.0f} s after its test waited)"
+
+
+def _run_plain(key: str, args: Sequence[str], cwd: Path, env: dict, deadline: Deadline) -> Run:
+    """``python *args`` in a process of its own, at low priority (a run without the zygote)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        out, err = Path(tmp) / "stdout", Path(tmp) / "stderr"
+        with out.open("w") as stdout, err.open("w") as stderr:
+            proc = subprocess.Popen(
+                [sys.executable, *args],
+                cwd=cwd,
+                env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=stdout,
+                stderr=stderr,
+                start_new_session=True,  # a timeout kills the script and what it started
+                preexec_fn=lambda: os.nice(NICE),
+            )
+
+        def wait(seconds: float) -> int | None:
+            try:
+                return proc.wait(timeout=seconds)
+            except subprocess.TimeoutExpired:
+                return None
+
+        def kill() -> None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+
+        returncode, note = _finish(wait, kill, deadline)
+        return Run(tuple(args), returncode, out.read_text(), err.read_text() + note)
 
 
 class _Zygote:
@@ -171,7 +233,7 @@ class _Zygote:
 
     def __init__(self) -> None:
         self._proc = subprocess.Popen(
-            [sys.executable, "-c", _ZYGOTE, json.dumps(PRELOAD)],
+            [sys.executable, "-c", _ZYGOTE, json.dumps(PRELOAD), str(NICE)],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             text=True,
@@ -197,38 +259,42 @@ class _Zygote:
                 else:
                     self._early[message["pid"]] = message["returncode"]
 
-    def run(self, key: str, args: Sequence[str], cwd: Path, env: dict, timeout: float) -> Run:
+    def _send(self, request: dict) -> None:
+        with self._lock:
+            self._proc.stdin.write(json.dumps(request) + "\n")
+            self._proc.stdin.flush()
+
+    def run(self, key: str, args: Sequence[str], cwd: Path, env: dict, deadline: Deadline) -> Run:
         with tempfile.TemporaryDirectory() as tmp:
             out, err = Path(tmp) / "stdout", Path(tmp) / "stderr"
             started: Future[int] = Future()
-            request = {
-                "key": key,
-                "args": list(args),
-                "cwd": str(cwd),
-                "env": env,
-                "stdout": str(out),
-                "stderr": str(err),
-            }
             with self._lock:
                 self._started[key] = started
-                self._proc.stdin.write(json.dumps(request) + "\n")
-                self._proc.stdin.flush()
-            pid = started.result(timeout=60)
+            self._send(
+                {
+                    "key": key,
+                    "args": list(args),
+                    "cwd": str(cwd),
+                    "env": env,
+                    "stdout": str(out),
+                    "stderr": str(err),
+                }
+            )
+            pid = started.result(timeout=600)  # the zygote forks at once, if it gets the CPU
             finished: Future[int] = Future()
             with self._lock:
                 if pid in self._early:
                     finished.set_result(self._early.pop(pid))
                 else:
                     self._finished[pid] = finished
-            note = ""
-            try:
-                returncode = finished.result(timeout=timeout)
-            except TimeoutError:
-                with self._lock:
-                    self._proc.stdin.write(json.dumps({"kill": pid}) + "\n")
-                    self._proc.stdin.flush()
-                returncode = finished.result(timeout=60)
-                note = f"\n(timed out after {timeout:.0f} s)"
+
+            def wait(seconds: float) -> int | None:
+                try:
+                    return finished.result(timeout=seconds)
+                except TimeoutError:
+                    return None
+
+            returncode, note = _finish(wait, lambda: self._send({"kill": pid}), deadline)
             return Run(tuple(args), returncode, out.read_text(), err.read_text() + note)
 
     def close(self) -> None:
@@ -239,17 +305,27 @@ class _Zygote:
             self._proc.kill()
 
 
+@dataclass
+class _Submitted:
+    args: list[str]
+    cwd: Path
+    env: dict
+    deadline: Deadline
+    future: Future[Run]
+
+
 class ScriptPool:
-    """``submit(key, args)`` starts ``python *args`` (forked from the zygote) when a slot is
-    free; ``output(key)`` waits for it and fails the calling test with the script's output if
-    it did not exit with 0."""
+    """``submit(key, args)`` queues ``python *args`` (forked from the zygote, at nice 19) for a
+    free slot; ``output(key)`` waits for it and fails the calling test with the script's output
+    if it did not exit with 0 (after one more try in the foreground where the background run
+    failed)."""
 
     def __init__(self, cwd: Path, workers: int = CONCURRENT_RUNS) -> None:
         self.cwd = cwd
         self._zygote: _Zygote | None = None
         self._run = _run_plain
-        self._executor = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="smoke")
-        self._runs: dict[str, Future[Run]] = {}
+        self._executor = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="script")
+        self._runs: dict[str, _Submitted] = {}
         self.dirs: dict[str, Path] = {}  # a run's output folder, where its test gave one
 
     def submit(
@@ -272,22 +348,87 @@ class ScriptPool:
         # ray.cluster_utils.Cluster runs meanwhile (it registers itself as this machine's
         # cluster, and a plain ray.init() would join it)
         env = {**os.environ, "RAY_ADDRESS": "local"}
-        self._runs[key] = self._executor.submit(
-            self._run, key, [str(a) for a in args], cwd or self.cwd, env, timeout
-        )
+        args = [str(a) for a in args]
+        cwd = cwd or self.cwd
+        deadline = Deadline(timeout)
+        future = self._executor.submit(self._run, key, args, cwd, env, deadline)
+        self._runs[key] = _Submitted(args, cwd, env, deadline, future)
 
     def output(self, key: str) -> str:
-        run = self._runs[key].result()
+        submitted = self._runs[key]
+        submitted.deadline.start()
+        run = submitted.future.result()
+        if run.returncode != 0:
+            warnings.warn(
+                f"{' '.join(run.args)} failed in the background (exit {run.returncode}); "
+                f"running it again in the foreground. Its output ended:\n{run.output[-3000:]}",
+                stacklevel=2,
+            )
+            deadline = Deadline(submitted.deadline.seconds)
+            deadline.start()
+            run = self._run(key, submitted.args, submitted.cwd, submitted.env, deadline)
         assert run.returncode == 0, f"{' '.join(run.args)} failed:\n{run.stdout}\n{run.stderr}"
         return run.output
 
     def close(self) -> None:
-        """Drop the runs not yet started, wait for the running ones, stop the zygote."""
+        """Drop the runs not yet started, end the running ones within their time limits, stop
+        the zygote."""
+        for submitted in self._runs.values():
+            submitted.deadline.start()
         self._executor.shutdown(wait=True, cancel_futures=True)
         if self._zygote is not None:
             self._zygote.close()
 
 
-def selected_names(request, module) -> list[str]:
-    """Names (with parameter ids) of this session's selected tests from ``module``, in order."""
-    return [item.name for item in request.session.items if item.module is module]
+# ---- the session's pool (a pytest plugin: tests/conftest.py loads it) -----------------------
+
+_POOL_KEY = pytest.StashKey["_SessionRuns"]()
+
+
+class _SessionRuns:
+    def __init__(self, root: Path) -> None:
+        self.pool = ScriptPool(root)
+        self.folders = Path(tempfile.mkdtemp(prefix="script-runs-"))
+
+    def mktemp(self, name: str) -> Path:
+        return Path(tempfile.mkdtemp(prefix=f"{name[:40]}-", dir=self.folders))
+
+    def close(self) -> None:
+        self.pool.close()
+        shutil.rmtree(self.folders, ignore_errors=True)
+
+
+def _waits_for_runs(item: pytest.Item) -> bool:
+    return hasattr(getattr(item, "module", None), "script_runs")
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The tests that wait for script runs go last: their runs have the whole session."""
+    items.sort(key=_waits_for_runs)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """At the first test that may start processes, queue every selected test's run."""
+    if is_fast(item) or item.session.stash.get(_POOL_KEY, None) is not None:
+        return
+    runs = item.session.stash[_POOL_KEY] = _SessionRuns(Path(str(item.config.rootpath)))
+    modules = []
+    for test in item.session.items:
+        if _waits_for_runs(test) and test.module not in modules:
+            modules.append(test.module)
+    for module in modules:
+        selected = [test.name for test in item.session.items if test.module is module]
+        module.script_runs(runs.pool, selected, runs.mktemp)
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    runs = session.stash.get(_POOL_KEY, None)
+    if runs is not None:
+        runs.close()
+
+
+def session_pool(request: pytest.FixtureRequest) -> ScriptPool:
+    """The session's pool, whose runs were queued when the first non-fast test started."""
+    return request.session.stash[_POOL_KEY].pool

@@ -1,8 +1,7 @@
 """Subprocess smoke runs of every example and benchmark script with tiny budgets.
 
-The runs go two at a time in the background (``script_pool``): this module's first test submits
-every selected test's run, in test order, and each test waits for its own run and checks what
-it wrote.
+The runs go two at a time in the background of the whole session, at low CPU priority
+(``script_pool``); each test waits for its own run and checks what it wrote.
 
 The race benchmarks (a framework's own algorithm against ours, several arms each in its own Ray
 session: 35-100 s apiece here) and the measurements that train whole algorithms (central vs
@@ -14,13 +13,10 @@ from __future__ import annotations
 
 import json
 import re
-import sys
 from pathlib import Path
 
 import pytest
-from script_pool import ScriptPool, selected_names
-
-ROOT = Path(__file__).resolve().parents[1]
+from script_pool import session_pool
 
 pytestmark = pytest.mark.subprocess
 
@@ -37,7 +33,7 @@ SCRIPTS: dict[str, tuple[str, float]] = {
     "test_rllib_gorila_example_trains_and_writes_checkpoint_and_curve": (
         (
             "examples/rllib_gorila_cartpole.py --env-steps 1500 --eval-every 750 "
-            "--num-env-runners 2 --out {out}"
+            "--num-env-runners 1 --out {out}"
         ),
         240,
     ),
@@ -55,7 +51,7 @@ SCRIPTS: dict[str, tuple[str, float]] = {
     "test_tianshou_gorila_example_trains_and_writes_checkpoint_and_curve": (
         (
             "examples/tianshou_gorila_cartpole.py --env-steps 1500 --epoch-steps 750 "
-            "--num-actors 2 --envs-per-actor 2 --out {out}"
+            "--num-actors 1 --envs-per-actor 2 --out {out}"
         ),
         240,
     ),
@@ -100,7 +96,7 @@ SCRIPTS: dict[str, tuple[str, float]] = {
     "test_rllib_seed_vtrace_example_trains_and_writes_checkpoint_and_curve": (
         (
             "examples/rllib_seed_vtrace_cartpole.py --env-steps 2000 --eval-every 1000 "
-            "--num-env-runners 2 --out {out}"
+            "--num-env-runners 1 --out {out}"
         ),
         240,
     ),
@@ -178,17 +174,20 @@ SCRIPTS: dict[str, tuple[str, float]] = {
 }
 
 
-@pytest.fixture(scope="module")
-def smoke(request, tmp_path_factory):
-    """The background runs of this module's selected tests (output folders in ``dirs``)."""
-    pool = ScriptPool(ROOT)
-    for name in selected_names(request, sys.modules[__name__]):
+def script_runs(pool, selected: list[str], mktemp) -> None:
+    """Queue the runs of this module's ``selected`` tests (``script_pool``: at the session's
+    first test that may start processes)."""
+    for name in selected:
         if name in SCRIPTS:
             args, timeout = SCRIPTS[name]
-            out = tmp_path_factory.mktemp(name[:40])
+            out = mktemp(name)
             pool.submit(name, args.replace("{out}", str(out)).split(), timeout, out_dir=out)
-    yield pool
-    pool.close()
+
+
+@pytest.fixture
+def smoke(request):
+    """The session's script runs (output folders in ``dirs``)."""
+    return session_pool(request)
 
 
 @pytest.fixture

@@ -182,14 +182,17 @@ def test_tianshou_vtrace_trains_on_minatar_with_the_pixel_actor_critic(ray_sessi
 
 
 @pytest.mark.parametrize(
-    "env_factory",
+    ("env_factory", "num_actors"),
     [
-        functools.partial(make_minatar, "breakout"),
-        functools.partial(make_atari, "ALE/Pong-v5"),
+        # one actor: what MinAtar adds is its env; Pong's run checks a crashed actor's restart
+        (functools.partial(make_minatar, "breakout"), 1),
+        (functools.partial(make_atari, "ALE/Pong-v5"), 2),
     ],
     ids=["minatar", "atari"],
 )
-def test_tianshou_gorila_trains_on_pixels_with_compressed_uint8_replay(ray_session, env_factory):
+def test_tianshou_gorila_trains_on_pixels_with_compressed_uint8_replay(
+    ray_session, env_factory, num_actors
+):
     from tianshou.algorithm.modelfree.dqn import DiscreteQLearningPolicy
     from tianshou.algorithm.optim import AdamOptimizerFactory
     from tianshou.trainer import OffPolicyTrainerParams
@@ -221,7 +224,7 @@ def test_tianshou_gorila_trains_on_pixels_with_compressed_uint8_replay(ray_sessi
             algo,
             env_factory=env_factory,
             buffer=buffer,
-            num_actors=2,
+            num_actors=num_actors,
             envs_per_actor=1,
             steps_per_env=32,
             weight_sync_every_n_steps=64,
@@ -245,7 +248,8 @@ def test_tianshou_gorila_trains_on_pixels_with_compressed_uint8_replay(ray_sessi
         assert sample.batch["next_obs"].dtype == np.uint8
         stats = buffer.client.stats(wait=True)
         assert stats["compression_ratio"] > 5, stats
-        assert_a_crashed_actor_comes_back(collector)
+        if num_actors > 1:
+            assert_a_crashed_actor_comes_back(collector)
     finally:
         if collector is not None:
             collector.close()

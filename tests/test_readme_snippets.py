@@ -2,17 +2,17 @@
 
 A user copies a snippet into a script on a laptop (here: the 2-core CI machine) and runs it;
 it must start (no resource ask the machine cannot meet), finish and leave nothing running.
-The snippets run two at a time in the background (``script_pool``), each in its own folder.
+The snippets run two at a time in the background of the whole session, at low CPU priority
+(``script_pool``), each in its own folder.
 """
 
 from __future__ import annotations
 
 import re
-import sys
 from pathlib import Path
 
 import pytest
-from script_pool import ScriptPool, selected_names
+from script_pool import session_pool
 
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
@@ -43,18 +43,19 @@ def test_the_readme_has_the_snippets_these_tests_run():
 IDS = [heading for heading, _ in SNIPPETS]
 
 
-@pytest.fixture(scope="module")
-def snippet_runs(request, tmp_path_factory):
-    """Every selected snippet, as ``snippet.py`` in a folder of its own, run in the background."""
-    pool = ScriptPool(ROOT)
-    selected = selected_names(request, sys.modules[__name__])
-    for i, (heading, code) in enumerate(SNIPPETS):
+def script_runs(pool, selected: list[str], mktemp) -> None:
+    """Queue each selected snippet as ``snippet.py`` in a folder of its own (``script_pool``:
+    at the session's first test that may start processes)."""
+    for heading, code in SNIPPETS:
         if f"test_readme_snippet_runs_as_printed[{heading}]" in selected:
-            folder = tmp_path_factory.mktemp(f"snippet{i}")
+            folder = mktemp("snippet")
             (folder / "snippet.py").write_text(code + "\nimport ray\nray.shutdown()\n")
             pool.submit(heading, [folder / "snippet.py"], timeout=280, out_dir=folder, cwd=folder)
-    yield pool
-    pool.close()
+
+
+@pytest.fixture
+def snippet_runs(request):
+    return session_pool(request)
 
 
 @pytest.mark.parametrize("heading", IDS, ids=IDS)

@@ -18,7 +18,7 @@ EVAL_EVERY_ENV_STEPS = 5_000
 
 
 @pytest.mark.parametrize("seed", learning_seeds())
-def test_learns_cartpole_within_env_step_budget(ray_session, seed):
+def test_learns_cartpole_within_env_step_budget(ray_session, seed, learning_curve):
     """The greedy policy reaches a return >= 150 (5 episodes) within 50k env steps.
 
     Acting and learning run concurrently, so a run is not bit-for-bit repeatable even when
@@ -26,7 +26,7 @@ def test_learns_cartpole_within_env_step_budget(ray_session, seed):
     soon as one check reaches 150 inside the budget.
     """
     algorithm = small_config(updates_per_iteration=64).debugging(seed=seed).build_algo()
-    scores = []
+    scores = learning_curve
     try:
         untrained = greedy_return(algorithm.get_module(), "CartPole-v1", episodes=5, seed=1000)
         assert untrained < 150, f"the untrained policy already passes: {untrained}"

@@ -5,12 +5,16 @@ untrained agent is below the threshold:
   opponent, seats alternating; win rate over 200 games in both seats (a random player wins
   about 44 % of such games);
 - MPE simple_spread (2 agents, simultaneous moves, one shared module): GorilaDQN and VTrace;
-  greedy team return over 20 episodes.
+  greedy team return over 20 episodes, at least -35: standing still scores -40.5, uniformly
+  random actions -43.5, a hand-written go-to-your-own-landmark policy -21 (the threshold was
+  -45 until an untrained agent that mostly stands still passed it: seed 1, -38.4).
 
 Acting and learning run concurrently, so a run is not bit-for-bit repeatable even when seeded;
 the agent is checked during training and a test passes as soon as one check reaches the
-threshold inside the budget. Measured here (seed 0): tic-tac-toe 0.81 after ~7k env steps;
-spread -38 after ~6k env steps (GorilaDQN) and -33 after ~130k (VTrace); untrained -76.
+threshold inside the budget. Measured here (seeds 0-4, make test-long): tic-tac-toe 0.81 after
+~7k env steps (seed 0); spread -35 after 6-16k env steps (GorilaDQN), after 41-132k for VTrace
+on seeds 0, 2, 3, 4, while seed 1 touched -35.8 at 30k and then stayed at -38 to -40 (standing
+still) up to the 250k budget: VTrace on spread is the weak learner here.
 """
 
 from __future__ import annotations
@@ -24,7 +28,7 @@ from rllib_plugins.pettingzoo import greedy_act
 
 WIN_RATE = 0.7
 TICTACTOE_BUDGET = 30_000
-TEAM_RETURN = -45.0
+TEAM_RETURN = -35.0
 GORILA_SPREAD_BUDGET = 30_000
 VTRACE_SPREAD_BUDGET = 250_000
 
@@ -46,12 +50,12 @@ def spread_team_return(algorithm) -> float:
     return team_return(env, lambda agent, obs: act(obs), episodes=20, seed=500)
 
 
-def train_until(algorithm, score, threshold: float, budget: int, every: int) -> list:
+def train_until(checks: list, algorithm, score, threshold: float, budget: int, every: int) -> list:
     """Untrained below ``threshold``, then train until a check reaches it or the budget ends;
-    returns the checks as (env steps, score)."""
+    records the checks in ``checks`` as (env steps, score) and returns them."""
     untrained = score(algorithm)
     assert untrained < threshold, f"the untrained agent already passes: {untrained}"
-    checks, steps, next_check = [], 0, every
+    steps, next_check = 0, every
     while steps < budget:
         result = algorithm.train()
         # IMPALA's train() may return before any runner reported (short iterations): no count.
@@ -65,23 +69,25 @@ def train_until(algorithm, score, threshold: float, budget: int, every: int) -> 
 
 
 @pytest.mark.parametrize("seed", learning_seeds())
-def test_gorila_dqn_beats_a_random_tictactoe_player(envs, seed):
+def test_gorila_dqn_beats_a_random_tictactoe_player(envs, seed, learning_curve):
     config = tictactoe_config(n_step=1, gamma=0.9, updates_per_iteration=32)
     algorithm = config.env_runners(num_envs_per_env_runner=4).debugging(seed=seed).build_algo()
     try:
-        checks = train_until(algorithm, tictactoe_win_rate, WIN_RATE, TICTACTOE_BUDGET, 3_000)
+        checks = train_until(
+            learning_curve, algorithm, tictactoe_win_rate, WIN_RATE, TICTACTOE_BUDGET, 3_000
+        )
     finally:
         algorithm.stop()
     assert max(s for _, s in checks) >= WIN_RATE, f"win rates by env steps: {checks}"
 
 
 @pytest.mark.parametrize("seed", learning_seeds())
-def test_gorila_dqn_shared_module_improves_the_spread_team_return(envs, seed):
+def test_gorila_dqn_shared_module_improves_the_spread_team_return(envs, seed, learning_curve):
     config = spread_config(n_step=3, gamma=0.95, updates_per_iteration=32).debugging(seed=seed)
     algorithm = config.replay(capacity=50_000, min_size_to_sample=1_000).build_algo()
     try:
         checks = train_until(
-            algorithm, spread_team_return, TEAM_RETURN, GORILA_SPREAD_BUDGET, 3_000
+            learning_curve, algorithm, spread_team_return, TEAM_RETURN, GORILA_SPREAD_BUDGET, 3_000
         )
     finally:
         algorithm.stop()
@@ -89,7 +95,7 @@ def test_gorila_dqn_shared_module_improves_the_spread_team_return(envs, seed):
 
 
 @pytest.mark.parametrize("seed", learning_seeds())
-def test_vtrace_shared_module_improves_the_spread_team_return(envs, seed):
+def test_vtrace_shared_module_improves_the_spread_team_return(envs, seed, learning_curve):
     config = vtrace_spread_config().env_runners(num_envs_per_env_runner=4).debugging(seed=seed)
     config = config.training(
         train_batch_size_per_learner=400, lr=5e-4, gamma=0.95, entropy_coeff=0.01
@@ -97,7 +103,7 @@ def test_vtrace_shared_module_improves_the_spread_team_return(envs, seed):
     algorithm = config.build_algo()
     try:
         checks = train_until(
-            algorithm, spread_team_return, TEAM_RETURN, VTRACE_SPREAD_BUDGET, 10_000
+            learning_curve, algorithm, spread_team_return, TEAM_RETURN, VTRACE_SPREAD_BUDGET, 10_000
         )
     finally:
         algorithm.stop()

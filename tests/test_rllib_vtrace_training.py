@@ -36,14 +36,14 @@ def greedy(algorithm) -> float:
 
 
 def train_until_threshold(
-    algorithm, budget_env_steps: int, eval_every_env_steps: int = 0
+    scores: list, algorithm, budget_env_steps: int, eval_every_env_steps: int = 0
 ) -> tuple[list[tuple[int, float]], dict]:
     """Check that the untrained greedy policy is below THRESHOLD, then train until a greedy
     check (after every iteration, or every ``eval_every_env_steps``) reaches it or the budget
-    is spent; return the checks as (env steps, return) and the last ``train()`` result."""
+    is spent; record the checks in ``scores`` as (env steps, return) and return them with the
+    last ``train()`` result."""
     untrained = greedy(algorithm)
     assert untrained < THRESHOLD, f"the untrained policy already passes: {untrained}"
-    scores: list[tuple[int, float]] = []
     steps, next_eval = 0, eval_every_env_steps
     while steps < budget_env_steps:
         result = algorithm.train()
@@ -57,13 +57,17 @@ def train_until_threshold(
 
 
 @pytest.mark.parametrize("seed", learning_seeds())
-def test_vtrace_in_seed_mode_learns_cartpole_within_env_step_budget(ray_session, seed):
+def test_vtrace_in_seed_mode_learns_cartpole_within_env_step_budget(
+    ray_session, seed, learning_curve
+):
     """Greedy return >= 150 within 150k env steps, checked every 5k env steps. (Local
     inference learns in the defaults test below, which runs it as a new user would.)"""
     # VTraceConfig's default value-loss weight (small_config's 0.5 is IMPALA's Atari one)
     algorithm = small_config(central=True, vf_loss_coeff=0.05).debugging(seed=seed).build_algo()
     try:
-        scores, result = train_until_threshold(algorithm, VTRACE_BUDGET_ENV_STEPS, 5_000)
+        scores, result = train_until_threshold(
+            learning_curve, algorithm, VTRACE_BUDGET_ENV_STEPS, 5_000
+        )
         assert result["central_inference"]["version"] > 1  # the server got learned weights
     finally:
         algorithm.stop()
@@ -75,7 +79,7 @@ DEFAULTS_EVAL_EVERY_ENV_STEPS = 20_000
 
 
 @pytest.mark.parametrize("seed", learning_seeds())
-def test_vtrace_defaults_learn_cartpole_on_a_laptop(ray_session, seed):
+def test_vtrace_defaults_learn_cartpole_on_a_laptop(ray_session, seed, learning_curve):
     """What a new user runs: ``VTraceConfig().environment("CartPole-v1")`` with 2 env runners
     and every other setting at its default, on the 2-CPU session (no GPU: central inference
     stays off). Greedy return >= 150 within 300k env steps, checked every 20k; the old
@@ -87,7 +91,7 @@ def test_vtrace_defaults_learn_cartpole_on_a_laptop(ray_session, seed):
     try:
         assert algorithm._inference is None  # no GPU here: the runners infer locally
         scores, result = train_until_threshold(
-            algorithm, DEFAULTS_BUDGET_ENV_STEPS, DEFAULTS_EVAL_EVERY_ENV_STEPS
+            learning_curve, algorithm, DEFAULTS_BUDGET_ENV_STEPS, DEFAULTS_EVAL_EVERY_ENV_STEPS
         )
         assert "central_inference" not in result
     finally:
@@ -96,7 +100,9 @@ def test_vtrace_defaults_learn_cartpole_on_a_laptop(ray_session, seed):
 
 
 @pytest.mark.parametrize("seed", learning_seeds())
-def test_gorila_dqn_in_seed_mode_learns_cartpole_within_env_step_budget(ray_session, seed):
+def test_gorila_dqn_in_seed_mode_learns_cartpole_within_env_step_budget(
+    ray_session, seed, learning_curve
+):
     """GorilaDQN with central inference: greedy return >= 150 within 50k env steps (the budget
     of its local-inference test), checked every 5k env steps. One runner with 8 envs: on the
     2-CPU box 23-25 s to the threshold against 38-42 s with 2 x 4 (two runs each)."""
@@ -109,7 +115,7 @@ def test_gorila_dqn_in_seed_mode_learns_cartpole_within_env_step_budget(ray_sess
     algorithm = config.build_algo()
     try:
         scores, result = train_until_threshold(
-            algorithm, GORILA_BUDGET_ENV_STEPS, GORILA_EVAL_EVERY_ENV_STEPS
+            learning_curve, algorithm, GORILA_BUDGET_ENV_STEPS, GORILA_EVAL_EVERY_ENV_STEPS
         )
         # One caller id per runner: its actions and its priorities' Q-values.
         assert result["central_inference"]["num_callers"] == 1

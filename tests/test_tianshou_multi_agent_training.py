@@ -5,7 +5,8 @@ seed 0), each first showing the untrained agent below the threshold:
   random masked opponent; the test is the learner's mean game return (+1 win, -1 loss) over
   50 games, reduced from Tianshou's per-agent returns with ``multi_agent_return_reduction``;
 - MPE simple_spread (2 agents, simultaneous moves through ``parallel_to_aec``, one shared
-  module): the team's return (both agents' returns summed) over 10 episodes.
+  module): the team's return (both agents' returns summed) over 10 episodes, at least -35
+  (standing still scores -40.5, random actions -43.5; seeds 0-4 reached it in 12k env steps).
 
 The greedy policy is tested after every epoch; training stops at the first test that passes.
 """
@@ -32,15 +33,23 @@ EPOCH_ENV_STEPS = 3_000
 
 
 def train(
-    algorithm, env_factory, *, budget: int, threshold: float, reduction, episodes: int, seed: int
+    tests: list,
+    algorithm,
+    env_factory,
+    *,
+    budget: int,
+    threshold: float,
+    reduction,
+    episodes: int,
+    seed: int,
 ):
+    """Train until a test (one per epoch, recorded in ``tests``) reaches ``threshold``."""
     from tianshou.trainer import OffPolicyTrainerParams
 
     np.random.seed(seed)
     buffer = make_buffer(capacity=50_000, min_size_to_sample=500, seed=seed)
     test_envs = DummyVectorEnv([env_factory] * 5)
     test_envs.seed(list(range(1_000, 1_005)))
-    tests: list[float] = []
 
     def stop_fn(mean_return: float) -> bool:
         tests.append(round(float(mean_return), 2))
@@ -81,8 +90,11 @@ def train(
 
 
 @pytest.mark.parametrize("seed", learning_seeds())
-def test_gorila_dqn_beats_a_random_tictactoe_player_from_the_second_seat(cluster, seed):
+def test_gorila_dqn_beats_a_random_tictactoe_player_from_the_second_seat(
+    cluster, seed, learning_curve
+):
     train(
+        learning_curve,
         tictactoe_algorithm(learner_seat=1, seed=seed),
         TICTACTOE,
         budget=45_000,
@@ -94,14 +106,15 @@ def test_gorila_dqn_beats_a_random_tictactoe_player_from_the_second_seat(cluster
 
 
 @pytest.mark.parametrize("seed", learning_seeds())
-def test_gorila_dqn_shared_module_improves_the_spread_team_return(cluster, seed):
+def test_gorila_dqn_shared_module_improves_the_spread_team_return(cluster, seed, learning_curve):
     env = spread_factory()()
     shared = gorila((12,), 5, seed, gamma=0.95, n_step_return_horizon=3, target_update_freq=250)
     train(
+        learning_curve,
         MultiAgentGorilaDQN(algorithms=[shared, shared], env=env),
         spread_factory(),
         budget=45_000,
-        threshold=-45.0,
+        threshold=-35.0,
         reduction=lambda returns: returns.sum(axis=1),  # the team's return
         episodes=10,
         seed=seed,

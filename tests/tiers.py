@@ -6,7 +6,8 @@
   interpreter. Both run in ``make test`` (what CI runs) together with the fast tier.
 - ``long``: outside CI (``make test-long``): learning tests over several seeds, long smoke runs.
   ``make test-long`` also runs the CI seed of every learning test (marked ``learning``), so that
-  it shows each learning test over all of :data:`LEARNING_SEEDS`.
+  it shows each learning test over all of :data:`LEARNING_SEEDS`. A learning test records its
+  checks in the ``learning_curve`` fixture; the session's summary lists them with each outcome.
 
 A test that requests a fixture that starts Ray (``ray_session``, ``ray_nodes``, or any fixture
 built on them) is marked ``ray`` without saying so. Fast tests run first in every session, while
@@ -51,6 +52,11 @@ def is_fast(item: pytest.Item) -> bool:
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Mark each test's tier and run the fast tier first (stable order otherwise)."""
     for item in items:
+        if item.get_closest_marker("learning") and "learning_curve" not in item.fixturenames:
+            raise pytest.UsageError(
+                f"{item.nodeid}: a learning test records its checks in the "
+                "learning_curve fixture (the session's summary lists them)"
+            )
         if RAY_FIXTURES & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.ray)
         if is_fast(item):
@@ -108,3 +114,35 @@ def learning_seeds() -> list:
             for seed in rest
         ),
     ]
+
+
+_CURVE = pytest.StashKey[list]()
+_OUTCOME = pytest.StashKey[str]()
+
+
+@pytest.fixture
+def learning_curve(request: pytest.FixtureRequest) -> list:
+    """The checks a learning test made (e.g. ``(env steps, greedy return)``), in order: the
+    test extends this list, and the session's summary lists every learning test's checks with
+    its outcome (what ``make test-long`` reports per seed)."""
+    checks: list = []
+    request.node.stash[_CURVE] = checks
+    return checks
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
+    outcome = yield
+    report = outcome.get_result()
+    if _CURVE in item.stash and (report.when == "call" or report.failed):
+        item.stash[_OUTCOME] = report.outcome.upper()
+        item.config.stash.setdefault(_CURVE, []).append(item)
+
+
+def pytest_terminal_summary(terminalreporter, config: pytest.Config) -> None:
+    items = config.stash.get(_CURVE, [])
+    if not items:
+        return
+    terminalreporter.section("learning tests: outcome and checks")
+    for item in dict.fromkeys(items):  # once each (a failed setup and call report twice)
+        terminalreporter.write_line(f"{item.stash[_OUTCOME]} {item.nodeid}: {item.stash[_CURVE]}")

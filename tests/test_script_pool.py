@@ -1,0 +1,77 @@
+"""The session's script runs (tests/script_pool.py): low priority, a time limit counted from
+when a test waits, one more try in the foreground for a run that failed in the background."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import pytest
+from script_pool import NICE, ScriptPool
+
+pytestmark = pytest.mark.subprocess
+
+
+def script(tmp_path: Path, name: str, code: str) -> Path:
+    path = tmp_path / name
+    path.write_text(code)
+    return path
+
+
+@pytest.fixture(scope="module")
+def pool(tmp_path_factory):
+    """One pool (one zygote) for the module; each test submits runs of its own."""
+    pool = ScriptPool(tmp_path_factory.mktemp("pool"))
+    yield pool
+    pool.close()
+
+
+def test_runs_at_low_priority_with_their_own_argv_and_folder(pool, tmp_path):
+    folder = tmp_path / "run"
+    folder.mkdir()
+    code = "import os, sys\nprint(os.nice(0), sys.argv[1:], os.getcwd())\n"
+    pool.submit("show", [script(tmp_path, "show.py", code), "--flag", "1"], cwd=folder)
+    output = pool.output("show")
+    assert int(output.split()[0]) == min(os.nice(0) + NICE, 19)
+    assert "['--flag', '1']" in output and str(folder) in output
+
+
+def test_the_time_limit_counts_from_when_a_test_waits(pool, tmp_path):
+    sleeper = script(tmp_path, "sleep.py", "import time\ntime.sleep(4)\n")
+    pool.submit("sleep", [sleeper], timeout=3.0)
+    time.sleep(3.5)  # nobody waits yet: the run is not stopped
+    pool.output("sleep")  # finishes ~0.5 s after the wait began
+
+
+def test_a_run_past_its_limit_is_killed_and_fails_its_test(pool, tmp_path):
+    sleeper = script(tmp_path, "forever.py", "import time\ntime.sleep(600)\n")
+    pool.submit("forever", [sleeper], timeout=1.0)
+    started = time.monotonic()
+    with (
+        pytest.warns(UserWarning, match="failed in the background"),
+        pytest.raises(AssertionError, match="timed out 1 s after its test waited"),
+    ):
+        pool.output("forever")  # both tries time out
+    assert time.monotonic() - started < 30
+
+
+def test_a_background_failure_is_retried_in_the_foreground_and_reported(pool, tmp_path):
+    marker = tmp_path / "failed-once"
+    code = (
+        "import pathlib, sys\n"
+        f"marker = pathlib.Path({str(marker)!r})\n"
+        "if not marker.exists():\n"
+        "    marker.touch()\n"
+        "    sys.exit('starved')\n"
+        "print('second try')\n"
+    )
+    pool.submit("flaky", [script(tmp_path, "flaky.py", code)])
+    with pytest.warns(UserWarning, match="(?s)failed in the background.*starved"):
+        assert "second try" in pool.output("flaky")
+
+
+def test_a_run_that_fails_twice_fails_its_test_with_its_output(pool, tmp_path):
+    pool.submit("broken", [script(tmp_path, "broken.py", "raise SystemExit('always broken')\n")])
+    with pytest.warns(UserWarning), pytest.raises(AssertionError, match="always broken"):
+        pool.output("broken")
