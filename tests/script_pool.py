@@ -13,9 +13,11 @@ imports the code under test itself.
 
 The Ray tests leave about a quarter of the 2 cores idle (they wait on actors, restarts,
 timeouts). So the runs do not wait for their tests: when the session's first test that may start
-processes begins (the fast tier is over), every selected run is queued, two at a time, at nice
-19, where they take the CPU the Ray tests leave idle and little else; the modules whose tests
-wait for runs go last. A test waits for its own run and checks it; a run's time limit counts
+processes begins (the fast tier is over), every selected run is queued, two at a time, at the
+lowest CPU priority (nice 19 and Linux's idle scheduling class, in the tests' own session: a
+session of its own would be a scheduling group of its own, ranked as an equal), where they
+take the CPU the Ray tests leave idle and little else; the modules whose tests wait for runs
+go last. A test waits for its own run and checks it; a run's time limit counts
 from when its test starts waiting. A run that fails in the background (where a starved process
 may miss one of the code's own wall-clock timeouts) runs again in the foreground, with nothing
 beside it, and its test fails if that one fails too; the background failure is reported as a
@@ -62,7 +64,9 @@ NICE = 19
 _ZYGOTE = r"""
 import importlib, json, os, runpy, select, signal, sys, traceback
 
-os.nice(int(sys.argv[2]))  # every run it forks inherits the low priority
+os.nice(int(sys.argv[2]))  # every run it forks inherits the low priority,
+if hasattr(os, "SCHED_IDLE"):  # and below even nice 19 (Ray runs its workers at nice 15)
+    os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
 import numpy  # its BLAS thread pool is the one set of threads a fork may copy
 
 def threads():
@@ -78,7 +82,10 @@ def reply(message):
     os.write(1, (json.dumps(message) + "\n").encode())
 
 def run_child(request):
-    os.setsid()  # its own process group: a timeout kills the script and what it started
+    # Its own process group (a timeout kills the script and what it started), in the session
+    # of the tests: a new session would be a scheduling group of its own (Linux autogroups),
+    # and niceness only ranks processes inside one group.
+    os.setpgrp()
     for fd, path in ((1, request["stdout"]), (2, request["stderr"])):
         os.dup2(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644), fd)
     os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
@@ -198,6 +205,14 @@ def _finish(wait: Callable[[float], int | None], kill: Callable[[], None], deadl
             return returncode, f"\n(timed out {deadline.seconds:.0f} s after its test waited)"
 
 
+def _lowest_priority() -> None:
+    """Nice 19 and, where Linux has it, the idle scheduling class: Ray runs its workers at
+    nice 15, against which nice 19 alone still takes ~30 % of a core."""
+    os.nice(NICE)
+    if hasattr(os, "SCHED_IDLE"):
+        os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
+
+
 def _run_plain(key: str, args: Sequence[str], cwd: Path, env: dict, deadline: Deadline) -> Run:
     """``python *args`` in a process of its own, at low priority (a run without the zygote)."""
     with tempfile.TemporaryDirectory() as tmp:
@@ -210,8 +225,8 @@ def _run_plain(key: str, args: Sequence[str], cwd: Path, env: dict, deadline: De
                 stdin=subprocess.DEVNULL,
                 stdout=stdout,
                 stderr=stderr,
-                start_new_session=True,  # a timeout kills the script and what it started
-                preexec_fn=lambda: os.nice(NICE),
+                process_group=0,  # a timeout kills the script and what it started
+                preexec_fn=_lowest_priority,
             )
 
         def wait(seconds: float) -> int | None:
@@ -315,10 +330,10 @@ class _Submitted:
 
 
 class ScriptPool:
-    """``submit(key, args)`` queues ``python *args`` (forked from the zygote, at nice 19) for a
-    free slot; ``output(key)`` waits for it and fails the calling test with the script's output
-    if it did not exit with 0 (after one more try in the foreground where the background run
-    failed)."""
+    """``submit(key, args)`` queues ``python *args`` (forked from the zygote, at the lowest
+    priority) for a free slot; ``output(key)`` waits for it and fails the calling test with the
+    script's output if it did not exit with 0 (after one more try in the foreground where the
+    background run failed)."""
 
     def __init__(self, cwd: Path, workers: int = CONCURRENT_RUNS) -> None:
         self.cwd = cwd
