@@ -417,7 +417,6 @@ class GorilaDQN(DQN):
         self._param_server = None
         self._inference: InferenceServerClient | None = None
         try:
-            super().setup(config)  # a failure here must not leave the env runners running
             placement_group = ray.util.get_current_placement_group()
             modules = config.trained_module_ids() if config.is_multi_agent else [DEFAULT_MODULE_ID]
             num_shards = config.replay_config().num_shards
@@ -427,6 +426,8 @@ class GorilaDQN(DQN):
                 server_bundle = len(placement_group.bundle_specs) - 1
                 first_shard_bundle = server_bundle + 1 - num_shards * len(modules)
                 first_shard_bundle -= int(config.uses_central_inference())
+            # The weights server and the shards start first and boot while RLlib waits for its
+            # env runners (a build waits for the slowest process once, not for each in turn).
             self._param_server = start_parameter_server(weights_encoding=config.weights_encoding)
             for i, module in enumerate(modules):
                 bundles = None
@@ -436,8 +437,12 @@ class GorilaDQN(DQN):
                 self._replays[module] = DistributedReplay(
                     config.replay_config(
                         placement_group=placement_group, bundle_indices=bundles, module=module
-                    )
+                    ),
+                    wait=False,
                 )
+            super().setup(config)  # a failure here must not leave any actor running
+            for replay in self._replays.values():
+                replay.wait_until_started()
             if config.uses_central_inference():
                 self._inference = InferenceServerClient(
                     module_spec=server_module_spec(

@@ -236,7 +236,6 @@ def test_rllib_gorila_loses_a_node_runs_degraded_and_recovers_when_a_node_joins(
         )
         .fault_tolerance(restart_failed_env_runners=True)
         .reporting(min_sample_timesteps_per_iteration=200)
-        .debugging(seed=0)
     )
     algorithm = config.build_algo()
     try:

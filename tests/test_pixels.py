@@ -329,7 +329,6 @@ def test_rllib_gorila_trains_on_pixels_with_compressed_uint8_replay(ray_session,
             compression=ObsCompression(),
         )
         .reporting(min_sample_timesteps_per_iteration=128)
-        .debugging(seed=0)
     )
     algo = config.build_algo()
     try:
@@ -378,7 +377,6 @@ def test_rllib_vtrace_trains_on_minatar(ray_session):
         .env_runners(num_env_runners=1, num_envs_per_env_runner=2, num_cpus_per_env_runner=0.1)
         .training(lr=5e-4, train_batch_size_per_learner=200)
         .reporting(min_sample_timesteps_per_iteration=200, min_time_s_per_iteration=0.5)
-        .debugging(seed=0)
     )
     algo = config.build_algo()
     try:

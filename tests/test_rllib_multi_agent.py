@@ -34,7 +34,6 @@ def tictactoe_config(*, runners: int = 2, **training):
         .training(**settings)
         .replay(num_shards=2, capacity=10_000, min_size_to_sample=200, num_cpus_per_shard=0.1)
         .reporting(min_sample_timesteps_per_iteration=200)
-        .debugging(seed=0)
     )
 
 
@@ -56,7 +55,6 @@ def spread_config(*, runners: int = 2, **training):
         .training(**settings)
         .replay(num_shards=2, capacity=10_000, min_size_to_sample=200, num_cpus_per_shard=0.1)
         .reporting(min_sample_timesteps_per_iteration=200)
-        .debugging(seed=0)
     )
 
 
@@ -278,7 +276,6 @@ def vtrace_spread_config(env=SPREAD, *, runners: int = 2):
         .learners(num_learners=0)
         .training(train_batch_size_per_learner=200)
         .reporting(min_time_s_per_iteration=0.5)  # IMPALA's default is 10 s per train()
-        .debugging(seed=0)
     )
 
 

@@ -12,9 +12,8 @@ untrained agent is below the threshold:
 Acting and learning run concurrently, so a run is not bit-for-bit repeatable even when seeded;
 the agent is checked during training and a test passes as soon as one check reaches the
 threshold inside the budget. Measured here (seeds 0-4, make test-long): tic-tac-toe 0.81 after
-~7k env steps (seed 0); spread -35 after 6-16k env steps (GorilaDQN), after 41-132k for VTrace
-on seeds 0, 2, 3, 4, while seed 1 touched -35.8 at 30k and then stayed at -38 to -40 (standing
-still) up to the 250k budget: VTrace on spread is the weak learner here.
+~7k env steps (seed 0); spread -35 after 6-16k env steps (GorilaDQN), after 41-81k for VTrace
+(its value head on layers of its own; see its test).
 """
 
 from __future__ import annotations
@@ -30,7 +29,7 @@ WIN_RATE = 0.7
 TICTACTOE_BUDGET = 30_000
 TEAM_RETURN = -35.0
 GORILA_SPREAD_BUDGET = 30_000
-VTRACE_SPREAD_BUDGET = 250_000
+VTRACE_SPREAD_BUDGET = 150_000
 
 
 def tictactoe_win_rate(algorithm) -> float:
@@ -97,8 +96,12 @@ def test_gorila_dqn_shared_module_improves_the_spread_team_return(envs, seed, le
 @pytest.mark.parametrize("seed", learning_seeds())
 def test_vtrace_shared_module_improves_the_spread_team_return(envs, seed, learning_curve):
     config = vtrace_spread_config().env_runners(num_envs_per_env_runner=4).debugging(seed=seed)
-    config = config.training(
-        train_batch_size_per_learner=400, lr=5e-4, gamma=0.95, entropy_coeff=0.01
+    # The value head on layers of its own, at IMPALA's value-loss weight: sharing the policy's
+    # layers (VTraceConfig's default, with weight 0.05 for CartPole), the value error of
+    # spread's large negative returns pulled the policy back to standing still (seed 1 stayed
+    # at -38 to -40 up to 250k env steps); apart, seeds 0-4 reached -35 after 41k to 81k.
+    config = config.rl_module(model_config={"vf_share_layers": False}).training(
+        train_batch_size_per_learner=400, lr=5e-4, gamma=0.95, entropy_coeff=0.01, vf_loss_coeff=0.5
     )
     algorithm = config.build_algo()
     try:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import multiprocessing.process
+import platform
 import subprocess
 from collections.abc import Iterator
 
@@ -43,6 +44,9 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
         "markers", "learning: a learning test (make test-long runs all its seeds)"
     )
+    # The platform module asks `uname -p` the first time anything wants the processor's name
+    # (e.g. an import in a fast test): ask now, so that no fast test is blamed for that process.
+    platform.processor()
 
 
 def is_fast(item: pytest.Item) -> bool:

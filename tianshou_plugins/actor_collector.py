@@ -229,7 +229,6 @@ class RayActorCollector(BaseCollector[TStats], Generic[TStats]):
                 num_gpus=settings.gpus(cluster_gpus()),
             )
             self.env.inference = InferenceServerHandle(handle)
-            ray.get(handle.get_version.remote(), timeout=self._timeout_s)  # constructor errors
             seed_mode["inference_server"] = handle
         self._publish_weights()
         handles = [
@@ -244,6 +243,8 @@ class RayActorCollector(BaseCollector[TStats], Generic[TStats]):
         self.env.pool = ActorPool(
             handles, self.actor_method, max_in_flight=self.fleet.max_in_flight_per_actor
         )
+        if self.env.inference is not None:  # booted while the actors did; constructor errors
+            ray.get(self.env.inference.handle.get_version.remote(), timeout=self._timeout_s)
         wait_ready(handles, self._timeout_s, self.name)
 
     @property

@@ -69,10 +69,12 @@ class DistributedPrioritizedReplayBuffer:
     def started(self) -> bool:
         return self._replay is not None
 
-    def start(self) -> DistributedReplay:
-        """Start the shard actors (once); return the picklable client actors push through."""
+    def start(self, *, wait: bool = True) -> DistributedReplay:
+        """Start the shard actors (once); return the picklable client actors push through
+        (``wait=False``: without waiting for the shards to answer, see
+        :meth:`DistributedReplay.wait_until_started`)."""
         if self._replay is None:
-            self._replay = DistributedReplay(self._config)
+            self._replay = DistributedReplay(self._config, wait=wait)
         return self._replay
 
     @property

@@ -175,6 +175,8 @@ class GorilaCollector(RayActorCollector[GorilaCollectStats]):
                     "seed": fleet.seed,
                 },
             )
+            for buffer in self._replays().values():  # they booted while the actors did
+                buffer.client.wait_until_started()
             self._replay_ready = self._replay_holds_min_size()  # e.g. a restored replay
             for buffer in self._replays().values():
                 buffer.client.while_waiting(self._keep_actors_acting)
@@ -187,10 +189,10 @@ class GorilaCollector(RayActorCollector[GorilaCollectStats]):
     def _start_replay(self) -> tuple[type, dict[str, Any]]:
         """The actor class, and the replay arguments its actors take."""
         if not self._multi_agent:
-            return GorilaActor, {"replay": self.buffer.start()}
+            return GorilaActor, {"replay": self.buffer.start(wait=False)}
         algorithm = self._algorithm
         return MultiAgentGorilaActor, {
-            "replays": self.buffer.start(list(algorithm.learning_modules)),
+            "replays": self.buffer.start(list(algorithm.learning_modules), wait=False),
             "module_of_agent": algorithm.module_of_agent,
             "agents": algorithm.agents,
         }

@@ -163,8 +163,9 @@ class MultiAgentDistributedReplayBuffer:
     def started(self) -> bool:
         return bool(self._buffers) and all(b.started for b in self._buffers.values())
 
-    def start(self, modules: list[str]) -> dict[str, Any]:
-        """Start each module's shards (once); return module -> the client actors push to."""
+    def start(self, modules: list[str], *, wait: bool = True) -> dict[str, Any]:
+        """Start each module's shards (once); return module -> the client actors push to
+        (``wait``: as in :meth:`DistributedPrioritizedReplayBuffer.start`)."""
         if self._buffers and list(self._buffers) != list(modules):
             raise ValueError(
                 f"this buffer holds the modules {list(self._buffers)}, not {list(modules)}"
@@ -177,7 +178,7 @@ class MultiAgentDistributedReplayBuffer:
                     config=template, seed=seed
                 )
                 self._buffers[module].set_beta(self._template.beta)
-        return {module: buffer.start() for module, buffer in self._buffers.items()}
+        return {module: buffer.start(wait=wait) for module, buffer in self._buffers.items()}
 
     def buffer(self, module: str) -> DistributedPrioritizedReplayBuffer:
         try:

@@ -35,9 +35,12 @@ class DistributedReplay:
     Args:
         config: a :class:`DistributedReplayConfig`. Starting requires Ray (``ray.init()`` is
             called if it was not).
+        wait: wait (up to ``config.start_timeout_s``) until every shard answers. ``False``
+            starts the shards and returns at once, for a caller that starts other actors
+            meanwhile and then calls :meth:`wait_until_started`.
     """
 
-    def __init__(self, config: DistributedReplayConfig) -> None:
+    def __init__(self, config: DistributedReplayConfig, *, wait: bool = True) -> None:
         if not isinstance(config, DistributedReplayConfig):
             raise TypeError(
                 f"config must be a DistributedReplayConfig, got {type(config).__name__}"
@@ -68,7 +71,13 @@ class DistributedReplay:
             for i, spec in enumerate(config.shard_specs())
         ]
         self._setup(config, handles)
-        self.refresh(timeout_s=config.start_timeout_s)
+        if wait:
+            self.wait_until_started()
+
+    def wait_until_started(self) -> None:
+        """Wait until every shard answers (up to ``config.start_timeout_s``, then
+        :class:`ReplayTimeout`)."""
+        self.refresh(timeout_s=self._config.start_timeout_s)
 
     # ---- pickling: handles and config only ----------------------------------------------------
     def __reduce__(self):
