@@ -20,8 +20,8 @@ from rllib_plugins.evaluation import greedy_return
 
 THRESHOLD = 150.0
 # Measured on a busy 2-core box: the greedy return first reached 150 after 10-35k env steps in
-# SEED mode (seeds 0-4, one runner x 8 envs) and ~85k with local inference (seed 0). The budget leaves room for the run-to-run
-# spread of asynchronous sampling.
+# SEED mode (seeds 0-4, one runner x 8 envs) and ~85k with local inference (seed 0). The budget
+# leaves room for the run-to-run spread of asynchronous sampling.
 VTRACE_BUDGET_ENV_STEPS = 150_000
 GORILA_BUDGET_ENV_STEPS = 50_000
 GORILA_EVAL_EVERY_ENV_STEPS = 5_000

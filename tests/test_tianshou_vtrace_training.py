@@ -28,8 +28,8 @@ def test_vtrace_learns_cartpole_within_env_step_budget(ray_session, central, see
     concurrently, so a run is not bit-for-bit repeatable: the greedy policy is therefore tested
     after every 5k-step epoch and training stops at the first test that reaches 150. 2 actors
     x 8 envs, trajectories of 32 steps, 512 env steps per update and per gradient step (the
-    example's settings); with local copies of the policy (IMPALA) or one inference server
-    acting for both actors (SEED).
+    example's settings), with local copies of the policy (IMPALA); or one actor with 16 envs
+    and one inference server acting for it (SEED).
     """
     from tianshou.trainer import OnPolicyTrainerParams
 
@@ -47,9 +47,11 @@ def test_vtrace_learns_cartpole_within_env_step_budget(ray_session, central, see
 
     collector = None
     try:
+        # SEED: one actor with all 16 envs (a server request carries 16 observations)
         collector = make_collector(
             algo,
-            envs_per_actor=8,
+            num_actors=1 if central else 2,
+            envs_per_actor=16 if central else 8,
             steps_per_env=32,
             seed=seed,
             central_inference=CentralInference(num_cpus=0.1) if central else None,
