@@ -445,6 +445,48 @@ def test_killed_shard_restarts_from_snapshot_and_losses_are_counted(make_replay,
     assert next_id <= stats["num_inserted"] + stats["items_lost"] <= next_id + 25
 
 
+def test_priorities_for_rows_of_a_shard_that_restarted_meanwhile_are_dropped_as_stale(
+    make_replay, tmp_path
+):
+    """Keys sampled before a shard restarted name rows of its old incarnation: the restarted
+    shard (restored from an older snapshot) hands out the same insert ids to other rows, or none
+    yet. Their priority updates are dropped and counted as stale, never applied to the new
+    rows and never an error (the learner died on one: key 130 must be in [0, 130))."""
+    import ray
+
+    replay = make_replay(
+        num_shards=1,
+        capacity=1_000,
+        snapshot_dir=str(tmp_path / "snap"),
+        snapshot_every_inserts=100,
+        retry_down_shard_after_s=0.2,
+    )
+    replay.add(rows(0, 100))  # snapshot at 100 inserts
+    replay.add(rows(100, 30))  # ids 100-129 only in the old incarnation
+    replay.flush()
+    old = replay.sample(64)
+    incarnation = replay.refresh()[0].incarnation
+    ray.kill(replay.handles[0], no_restart=False)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        status = replay.refresh()[0]
+        if status is not None and status.incarnation != incarnation:
+            break
+        time.sleep(0.2)
+    assert status is not None and status.incarnation != incarnation and status.size == 100
+    replay.add(rows(1_000, 30))  # the new incarnation's ids 100-129: other rows
+    replay.flush()
+    before = replay.stats(wait=True)["stale_updates"]
+    replay.update_priorities(old.keys, np.full(len(old.keys), 1e6))
+    replay.flush()
+    assert replay.stats(wait=True)["stale_updates"] - before == len(old.keys)
+    assert replay.refresh()[0].total_priority < 1e6  # none reached a row of the new incarnation
+    new = replay.sample(16)  # keys sampled from the new incarnation still update
+    replay.update_priorities(new.keys, np.full(len(new.keys), 1e3))
+    replay.flush()
+    assert replay.refresh()[0].total_priority >= 1e3
+
+
 def test_restore_while_a_shard_restarts_waits_for_it(make_replay, tmp_path):
     import ray
 

@@ -131,8 +131,8 @@ def test_builder_runs_vtrace_experiment_and_closes_cleanly(ray_session, tmp_path
         .with_vtrace_actors(
             VTraceActorParams(
                 actors=ActorFleet(
-                    num_actors=2,
-                    envs_per_actor=2,
+                    num_actors=1,  # the builder's wiring, in the fewest processes
+                    envs_per_actor=4,
                     steps_per_env=16,
                     num_cpus_per_actor=0.05,
                     seed=0,

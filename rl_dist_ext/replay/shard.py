@@ -103,6 +103,7 @@ class ReplayShardServer:
         self._rate_limited = True
         self._status_seq = 0
         self._incarnation = uuid.uuid4().hex
+        self._stale_incarnation_updates = 0
         self._restored_num_inserted = 0
         self._inserts_at_snapshot = 0
         self._last_snapshot_time = time.monotonic()
@@ -147,8 +148,16 @@ class ReplayShardServer:
         await self._notify()
         return ShardSample(items.keys, items.priorities, items.batch, self.status())
 
-    async def update_priorities(self, keys: np.ndarray, priorities: np.ndarray) -> ShardStatus:
-        self._replay.update_priorities(keys, priorities)
+    async def update_priorities(
+        self, keys: np.ndarray, priorities: np.ndarray, incarnation: str | None = None
+    ) -> ShardStatus:
+        """Apply priorities to sampled rows; keys sampled from another ``incarnation`` of this
+        shard (it restarted since, and its insert ids name other rows now) are stale: dropped
+        and counted."""
+        if incarnation is not None and incarnation != self._incarnation:
+            self._stale_incarnation_updates += len(keys)
+        else:
+            self._replay.update_priorities(keys, priorities)
         return self.status()
 
     # ---- management ---------------------------------------------------------------------------
@@ -164,7 +173,7 @@ class ReplayShardServer:
             min_priority=self._replay.min_priority,
             num_inserted=self._replay.num_inserted,
             num_sampled=self._num_sampled,
-            stale_updates=self._replay.stale_updates,
+            stale_updates=self._replay.stale_updates + self._stale_incarnation_updates,
             incarnation=self._incarnation,
             restored_num_inserted=self._restored_num_inserted,
             can_insert=not self._rate_limited or self._limiter.can_insert(len(self._replay)),

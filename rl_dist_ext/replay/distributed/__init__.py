@@ -41,7 +41,9 @@ config, so it pickles: actors and learners each get their own copy.
 - ``stats()`` reports from the statuses the client already has (never waits); ``stats(wait=True)``
   and ``refresh()`` ask every shard first.
 
-Global keys are ``shard_key * num_shards + shard_index``.
+Global keys are ``(generation << 40 | shard_key) * num_shards + shard_index``, ``generation``
+numbering the shard's incarnations as the client met them: a priority update names the
+incarnation its keys came from, and a shard that restarted since drops it as stale.
 """
 
 from rl_dist_ext.replay.distributed.client import DistributedReplay, check_snapshot_dir_reachable

@@ -9,8 +9,9 @@ batches (every K-th row each, so each batch still spans the whole priority range
 round trips per learner update, for priorities up to K batches older.
 
 Priority updates are split by shard and sent without waiting (with ``batches_per_request = K``:
-gathered over K calls, then sent together); keys of rows overwritten meanwhile are dropped by
-the shard and counted there.
+gathered over K calls, then sent together); keys of rows overwritten meanwhile, or of an
+incarnation of the shard that is gone (it restarted since), are dropped by the shard and counted
+there.
 """
 
 from __future__ import annotations
@@ -158,7 +159,7 @@ class Sampler:
             beta=beta,
             min_priority=min(min(s.min_priority for s in live), float(reply.priorities.min())),
         )
-        keys = reply.keys * shards.num_shards + shard
+        keys = shards.global_keys(shard, reply.keys, reply.status.incarnation)
         k = shards.config.batches_per_request
         parts = [  # strided: each batch spans the whole stratified draw (k = 1: the reply)
             ReplaySample({c: v[j::k] for c, v in reply.batch.items()}, keys[j::k], weights[j::k])
@@ -213,11 +214,10 @@ class PriorityUpdater:
         self._gathered.clear()
         self._reap(block=False)
         num_shards = self._shards.num_shards
-        shards = keys % num_shards
-        for shard in np.unique(shards):
-            mask = shards == shard
+        for (shard, incarnation), mask in self._shards.split_keys(keys).items():
+            # the shard drops keys of another incarnation than its own (it restarted since)
             ref = self._shards.handles[shard].update_priorities.remote(
-                keys[mask] // num_shards, priorities[mask]
+                ShardSet.local_keys(keys[mask], num_shards), priorities[mask], incarnation
             )
             self._updates.append(PendingUpdate(ref, int(shard), int(mask.sum())))
         while len(self._updates) > 4 * num_shards:

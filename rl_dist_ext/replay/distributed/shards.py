@@ -29,6 +29,11 @@ from rl_dist_ext.replay.shard import ShardStatus
 
 log = logging.getLogger(__name__)
 
+#: Bits of a global key that hold the shard's own key (its insert id: up to ~1.1e12 rows per
+#: shard); the bits above number the shard's incarnation (see ShardSet.global_keys).
+LOCAL_KEY_BITS = 40
+LOCAL_KEY_MASK = (1 << LOCAL_KEY_BITS) - 1
+
 
 def actor_errors() -> tuple[type[BaseException], ...]:
     """The Ray errors a call to a dead or restarting shard raises."""
@@ -59,10 +64,44 @@ class ShardSet:
         self._statuses_asked_at = -math.inf
         self.items_lost = 0
         self.shard_failures = 0
+        #: per shard, the incarnations this client drew rows from, in order (see global_keys)
+        self._incarnations: list[list[str]] = [[] for _ in handles]
 
     @property
     def num_shards(self) -> int:
         return len(self.handles)
+
+    # ---- keys ---------------------------------------------------------------------------------
+    def global_keys(self, shard: int, local_keys: np.ndarray, incarnation: str) -> np.ndarray:
+        """The keys this client hands out for rows ``local_keys`` of ``shard``'s incarnation
+        ``incarnation``: ``(generation << LOCAL_KEY_BITS | local key) * num_shards + shard``,
+        ``generation`` numbering the shard's incarnations as this client met them, so that a
+        priority update can tell the shard which incarnation its keys came from."""
+        seen = self._incarnations[shard]
+        if incarnation not in seen:
+            seen.append(incarnation)
+        generation = np.int64(seen.index(incarnation)) << LOCAL_KEY_BITS
+        return (generation | local_keys.astype(np.int64)) * self.num_shards + shard
+
+    def split_keys(self, keys: np.ndarray) -> dict[tuple[int, str | None], np.ndarray]:
+        """(shard, incarnation) -> a mask over ``keys`` (global keys of :meth:`global_keys`);
+        incarnation ``None`` for keys this client did not hand out (another client's: the shard
+        takes them unchecked)."""
+        shards, rest = keys % self.num_shards, keys // self.num_shards
+        generations = rest >> LOCAL_KEY_BITS
+        out = {}
+        pairs = zip(shards.tolist(), generations.tolist(), strict=True)
+        for shard, generation in sorted(set(pairs)):
+            seen = self._incarnations[shard]
+            incarnation = seen[generation] if generation < len(seen) else None
+            mask = (shards == shard) & (generations == generation)
+            key = (shard, incarnation)
+            out[key] = out[key] | mask if key in out else mask
+        return out
+
+    @staticmethod
+    def local_keys(keys: np.ndarray, num_shards: int) -> np.ndarray:
+        return (keys // num_shards) & LOCAL_KEY_MASK
 
     @property
     def reply_timeout_s(self) -> float:
