@@ -540,3 +540,31 @@ def test_restore_missing_file_raises(tmp_path):
         assert (await server.get_status()).size == 3
 
     asyncio.run(main())
+
+
+def test_global_keys_name_the_shard_incarnation_their_rows_came_from():
+    """A client numbers each shard's incarnations as it meets them; a key decodes to its shard,
+    its local key and that incarnation, and keys it did not hand out to no incarnation."""
+    from rl_dist_ext.replay.distributed import DistributedReplayConfig
+    from rl_dist_ext.replay.distributed.shards import ShardSet
+
+    shards = ShardSet(
+        DistributedReplayConfig(num_shards=2, capacity=8, min_size_to_sample=1), [None, None]
+    )
+    local = np.array([0, 5, 7], dtype=np.int64)
+    first = shards.global_keys(1, local, "a")
+    second = shards.global_keys(1, local, "b")  # shard 1 restarted
+    again = shards.global_keys(1, local, "a")  # a late reply of the first incarnation
+    np.testing.assert_array_equal(first, again)
+    np.testing.assert_array_equal(first, local * 2 + 1)  # the first incarnation: plain keys
+    keys = np.concatenate([first, second, shards.global_keys(0, local, "c")])
+    parts = shards.split_keys(keys)
+    assert set(parts) == {(1, "a"), (1, "b"), (0, "c")}
+    for mask in parts.values():
+        np.testing.assert_array_equal(ShardSet.local_keys(keys[mask], 2), local)
+    np.testing.assert_array_equal(parts[(1, "b")], [False] * 3 + [True] * 3 + [False] * 3)
+    # keys of incarnations this client never met (another client's numbering): unchecked, whole
+    foreign = ((np.array([2, 3], dtype=np.int64) << 40) | 4) * 2 + 1
+    assert {k: m.tolist() for k, m in shards.split_keys(foreign).items()} == {
+        (1, None): [True, True]
+    }
