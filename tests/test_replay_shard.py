@@ -561,7 +561,7 @@ def test_global_keys_name_the_shard_incarnation_their_rows_came_from():
     parts = shards.split_keys(keys)
     assert set(parts) == {(1, "a"), (1, "b"), (0, "c")}
     for mask in parts.values():
-        np.testing.assert_array_equal(ShardSet.local_keys(keys[mask], 2), local)
+        np.testing.assert_array_equal(shards.local_keys(keys[mask]), local)
     np.testing.assert_array_equal(parts[(1, "b")], [False] * 3 + [True] * 3 + [False] * 3)
     # keys of incarnations this client never met (another client's numbering): unchecked, whole
     foreign = ((np.array([2, 3], dtype=np.int64) << 40) | 4) * 2 + 1

@@ -217,7 +217,7 @@ class PriorityUpdater:
         for (shard, incarnation), mask in self._shards.split_keys(keys).items():
             # the shard drops keys of another incarnation than its own (it restarted since)
             ref = self._shards.handles[shard].update_priorities.remote(
-                ShardSet.local_keys(keys[mask], num_shards), priorities[mask], incarnation
+                self._shards.local_keys(keys[mask]), priorities[mask], incarnation
             )
             self._updates.append(PendingUpdate(ref, int(shard), int(mask.sum())))
         while len(self._updates) > 4 * num_shards:

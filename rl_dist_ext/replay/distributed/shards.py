@@ -99,9 +99,9 @@ class ShardSet:
             out[key] = out[key] | mask if key in out else mask
         return out
 
-    @staticmethod
-    def local_keys(keys: np.ndarray, num_shards: int) -> np.ndarray:
-        return (keys // num_shards) & LOCAL_KEY_MASK
+    def local_keys(self, keys: np.ndarray) -> np.ndarray:
+        """The shard's own keys behind global keys of :meth:`global_keys`."""
+        return (keys // self.num_shards) & LOCAL_KEY_MASK
 
     @property
     def reply_timeout_s(self) -> float:
