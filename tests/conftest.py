@@ -11,6 +11,15 @@ import pytest
 # the session (tests/script_pool.py); pytester tests the tiers' guard
 pytest_plugins = ["tiers", "script_pool", "pytester"]
 
+# torch computes on one thread in this process and in the scripts and Ray workers it starts
+# (they inherit the variable; set before anything imports torch). The learners of algorithms
+# built in the driver train in this process, next to their actors on a 2-core machine: with a
+# thread per core, torch's idle threads spin waiting for the next parallel region, on CPU the
+# actors need (an MLP update at batch 128 took 2.5-3.3x the CPU time on two threads as on one
+# while other processes ran, and longer in wall time). Ray gives its workers one thread anyway
+# (OMP_NUM_THREADS for actors with fewer than 2 CPUs).
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
 # Credentials for the test S3 server (tests/test_object_storage.py), set before Ray starts so
 # that replay shard actors see them too; the metadata probe of a missing AWS setup is skipped.
 for _name, _value in {

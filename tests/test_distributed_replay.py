@@ -324,7 +324,7 @@ def test_rate_limited_learner_and_actor_keep_going_when_shard_masses_differ(make
         client.flush()
         return rows
 
-    inserted_ref = insert_for.remote(replay, 15.0)
+    inserted_ref = insert_for.remote(replay, 8.0)
     deadline = time.monotonic() + 60  # the task starts slowly on a busy machine
     while min(status.size for status in replay.refresh()) < 100:  # the learner may start
         assert time.monotonic() < deadline
@@ -508,7 +508,7 @@ def test_calls_to_a_shard_that_never_comes_back_raise_the_projects_error(make_re
 
     from rl_dist_ext.replay.distributed import ReplayUnavailable
 
-    replay = make_replay(num_shards=2, capacity=400, timeout_s=3.0)
+    replay = make_replay(num_shards=2, capacity=400, timeout_s=1.5)  # each call waits it out
     replay.add(rows(0, 20))
     replay.flush()
     replay.save(str(tmp_path / "ckpt"))
