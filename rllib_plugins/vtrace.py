@@ -24,6 +24,7 @@ updates, ``rl_dist_ext.params``).
 from __future__ import annotations
 
 import logging
+import math
 import time
 from typing import Any
 
@@ -169,6 +170,28 @@ class VTraceConfig(CentralInferenceSettingsMixin, IMPALAConfig):
                 check_real(name, getattr(self, name), low=0.0, strict=True)
         if not self.in_evaluation:
             self.validate_central_inference()
+        self._check_each_learner_gets_episodes()
+
+    def _check_each_learner_gets_episodes(self) -> None:
+        """IMPALA packs the runners' sample lists (``num_envs_per_env_runner x
+        rollout_fragment_length`` steps each) into train batches of ``total_train_batch_size``
+        steps, and RLlib hands each learner a share of a batch's lists: fewer lists than
+        learners leaves a learner without episodes in every update, and all of them skip it."""
+        if self.num_learners < 2 or self.num_aggregator_actors_per_learner > 0:
+            return
+        fragment = self.get_rollout_fragment_length()
+        steps_per_list = self.num_envs_per_env_runner * fragment
+        lists = math.ceil(self.total_train_batch_size / steps_per_list)
+        if lists < self.num_learners:
+            raise ValueError(
+                f"num_learners={self.num_learners} needs a sample list for each learner in "
+                f"every train batch, but total_train_batch_size={self.total_train_batch_size} "
+                f"holds {lists} list(s) of num_envs_per_env_runner="
+                f"{self.num_envs_per_env_runner} x rollout_fragment_length={fragment} steps: "
+                f"raise train_batch_size_per_learner, or lower rollout_fragment_length or "
+                f"num_envs_per_env_runner so that a list is at most "
+                f"{self.total_train_batch_size // self.num_learners} steps"
+            )
 
 
 class VTrace(IMPALA):

@@ -11,23 +11,36 @@ only a termination cuts the return. (RLlib 2.60's own IMPALA loss only zeroes th
 discount, which lets its error ``-V(x_L)`` into the step before: every piece is learned as if
 the episode ended there.) The rho and pg-rho thresholds and the trace factor lambda are
 configurable.
+
+An update whose episodes all died with their env runner (RLlib's ``TrainingData.solve_refs``
+drops references whose owner is gone, e.g. with its node) is skipped and counted, by every
+data-parallel learner at once: a learner that skipped alone would leave its peers waiting in
+DDP's gradient all-reduce.
 """
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import torch
+import torch.distributed
 from ray.rllib.algorithms.impala.torch.impala_torch_learner import IMPALATorchLearner
 from ray.rllib.algorithms.impala.torch.vtrace_torch_v2 import make_time_major
 from ray.rllib.core import DEFAULT_MODULE_ID
 from ray.rllib.core.columns import Columns
 from ray.rllib.core.learner.learner import ENTROPY_KEY
+from ray.rllib.core.learner.training_data import TrainingData
+from ray.rllib.utils.metrics import ALL_MODULES
 from ray.rllib.utils.numpy import convert_to_numpy
 
 from rl_dist_ext.ops.vtrace_loss import vtrace_actor_critic_loss
 from rl_dist_ext.params import VersionedWeights, WeightsVersion
 from rllib_plugins.multi_agent import OptimizeTrainedModulesOnly, trained_module_ids
+
+log = logging.getLogger(__name__)
+
+UPDATES_SKIPPED_KEY = "num_updates_skipped_without_episodes_lifetime"
 
 
 class VTraceTorchLearner(OptimizeTrainedModulesOnly, IMPALATorchLearner):
@@ -40,6 +53,38 @@ class VTraceTorchLearner(OptimizeTrainedModulesOnly, IMPALATorchLearner):
     def build(self) -> None:
         super().build()
         self.weights_clock = WeightsVersion()
+        self.updates_skipped = 0
+        # Data-parallel learners agree on each update over a process group of their own: IMPALA's
+        # learner thread runs DDP's collectives on the default group meanwhile.
+        self._peers = (
+            torch.distributed.new_group(backend="gloo")
+            if torch.distributed.is_initialized()
+            else None
+        )
+
+    def update(self, training_data: TrainingData, *, timesteps: dict[str, Any], **kwargs: Any):
+        """IMPALA's update, unless this learner or a data-parallel peer has no episodes for it:
+        then every learner skips it, counts it (``updates_skipped``, and in the learner results
+        under ``num_updates_skipped_without_episodes_lifetime``) and returns no results."""
+        training_data.solve_refs()  # IMPALA's update calls it again: then a no-op
+        if self._every_learner_has_episodes(training_data):
+            return super().update(training_data, timesteps=timesteps, **kwargs)
+        self.updates_skipped += 1
+        log.warning(
+            "skipped a learner update: no episodes for it on this learner or a peer (their "
+            "env runner was lost); %d skipped so far",
+            self.updates_skipped,
+        )
+        self.metrics.log_value((ALL_MODULES, UPDATES_SKIPPED_KEY), 1, reduce="lifetime_sum")
+        return {}
+
+    def _every_learner_has_episodes(self, training_data: TrainingData) -> bool:
+        has_episodes = training_data.episodes is None or len(training_data.episodes) > 0
+        if self._peers is None:
+            return has_episodes
+        flag = torch.tensor([int(has_episodes)], dtype=torch.int32)
+        torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MIN, group=self._peers)
+        return bool(flag.item())
 
     def after_gradient_based_update(self, *, timesteps: dict[str, Any]) -> None:
         super().after_gradient_based_update(timesteps=timesteps)

@@ -474,3 +474,54 @@ def test_rllib_vtrace_server_on_a_lost_node_restarts_on_a_surviving_node(ray_nod
     finally:
         algorithm.stop()
         ray.kill(holder)
+
+
+def test_a_vtrace_update_whose_episodes_all_died_with_their_node_is_skipped_and_counted(
+    ray_nodes,
+):
+    """IMPALA's env runners put their episodes in the object store and hand the learner the
+    references. A runner lost with its node takes those episodes along; RLlib's
+    ``TrainingData.solve_refs`` drops the dead references, so an update can reach the learner
+    with no episodes at all (a clean-clone CI run lost the test above to it: IMPALA's learner
+    connector raised ``IndexError`` on ``episodes[0]`` and ended the run). The learner skips
+    that update and counts it; the next one, with episodes, trains."""
+    import gymnasium as gym
+    import ray
+    from ray.rllib.core.learner.training_data import TrainingData
+    from test_rllib_vtrace import small_config
+
+    config = small_config(central=False)
+    config.validate()
+    runner = config.env_runner_cls(config=config)  # in the driver, on the head
+    episodes = runner.sample(num_timesteps=200)
+    runner.stop()
+
+    @ray.remote(num_cpus=1)
+    class Owner:
+        def put(self, items: list) -> list:  # as an env runner's sample_get_state_and_metrics
+            return [ray.put(item) for item in items]
+
+    holder = hold_head_cpus()
+    node = ray_nodes.add_node(num_cpus=1)
+    ray_nodes.wait_for_nodes()
+    owner = Owner.remote()  # on the worker node: the head's CPU is held
+    dead = ray.get(owner.put.remote([episodes[:2], episodes[2:]]), timeout=60)
+    learner = config.build_learner(env=gym.make("CartPole-v1"))
+    try:
+        remove_node(ray_nodes, node)
+        with pytest.raises(ray.exceptions.OwnerDiedError):
+            ray.get(dead[0], timeout=30)
+        version = learner.weights_clock.version
+
+        learner.update(training_data=TrainingData(episodes_refs=dead), timesteps={})
+
+        assert (learner.weights_clock.version, learner.updates_skipped) == (version, 1)
+        learner.update(training_data=TrainingData(episodes_refs=[ray.put(episodes)]), timesteps={})
+        deadline = time.monotonic() + 60  # IMPALA's learner thread takes the step
+        while learner.weights_clock.version == version and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert learner.weights_clock.version == version + 1
+        assert learner.updates_skipped == 1
+    finally:
+        learner.shutdown()
+        ray.kill(holder)

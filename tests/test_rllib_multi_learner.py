@@ -9,6 +9,8 @@ of the two learners' gradients.
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import pytest
 
@@ -173,7 +175,80 @@ def pad_to_whole_rows(rows: dict, length: int) -> dict:
     }
 
 
-def test_vtrace_two_learners_step_like_one_learner_on_the_union_of_their_batches(ray_session):
+@pytest.fixture(scope="module")
+def vtrace_two_learners(ray_session):
+    """VTrace in local mode (runners infer themselves) with two data-parallel learners: the
+    config and the algorithm."""
+    from test_rllib_vtrace import small_config
+
+    config = (
+        small_config(central=False)
+        .env_runners(num_env_runners=1)
+        .learners(num_learners=2, num_cpus_per_learner=0.4)
+    )
+    algorithm = config.build_algo()
+    yield config, algorithm
+    algorithm.stop()
+
+
+def test_vtrace_learners_skip_an_update_together_when_one_has_no_episodes(vtrace_two_learners):
+    """RLlib's learner group hands each learner a share of an update's episode references. A
+    share can hold no episodes: every reference in it died with its env runner's node (RLlib's
+    ``TrainingData.solve_refs`` drops those), or the update had fewer references than learners,
+    as here. That learner has nothing to learn from, and skipping alone would leave its peer
+    waiting in DDP's gradient all-reduce: both skip and count it, at one version; the next
+    update, with episodes for both, steps both."""
+    from ray.rllib.core.learner.training_data import TrainingData
+
+    _, algorithm = vtrace_two_learners
+    (episodes,) = algorithm.env_runner_group.foreach_env_runner(
+        lambda runner: runner.sample(num_timesteps=400), local_env_runner=False
+    )
+
+    def replicas():
+        from ray.rllib.core import DEFAULT_MODULE_ID
+        from ray.rllib.utils.numpy import convert_to_numpy
+
+        results = algorithm.learner_group.foreach_learner(
+            lambda learner: (
+                learner.weights_clock.version,
+                learner.updates_skipped,
+                convert_to_numpy(learner.module[DEFAULT_MODULE_ID].unwrapped().state_dict()),
+            )
+        )
+        return [r.get() for r in results.result_or_errors]
+
+    def update(refs):
+        algorithm.learner_group.update(
+            training_data=TrainingData(episodes_refs=refs),
+            timesteps={},
+            defer_solve_refs_to_learner=True,
+        )
+
+    (version, skipped, weights), _ = before = replicas()
+    assert [(v, s) for v, s, _ in before] == [(version, skipped)] * 2
+
+    update([ray.put(episodes)])  # one reference, two learners: the second one's share is empty
+
+    after = replicas()
+    assert [(v, s) for v, s, _ in after] == [(version, skipped + 1)] * 2
+    for name, value in weights.items():
+        np.testing.assert_array_equal(after[1][2][name], value, err_msg=name)
+    half = len(episodes) // 2
+    update([ray.put(episodes[:half]), ray.put(episodes[half:])])
+    deadline = time.monotonic() + 60  # IMPALA's learner threads take the step
+    while (after := replicas())[0][0] == version or after[1][0] == version:
+        assert time.monotonic() < deadline, "the learners did not step"
+        time.sleep(0.05)
+    assert [(v, s) for v, s, _ in after] == [(version + 1, skipped + 1)] * 2
+    for name, value in after[0][2].items():  # still in lock step
+        np.testing.assert_array_equal(after[1][2][name], value, err_msg=name)
+    assert any(not np.array_equal(after[0][2][k], weights[k]) for k in weights)
+
+
+def test_vtrace_two_learners_step_like_one_learner_on_the_union_of_their_batches(
+    vtrace_two_learners,
+):
     """One synchronous VTrace step of two learners, each on its own batch of episode pieces,
     leaves both with the weights one learner reaches on the union of the two batches.
 
@@ -188,87 +263,76 @@ def test_vtrace_two_learners_step_like_one_learner_on_the_union_of_their_batches
     from ray.rllib.core.learner.training_data import TrainingData
     from ray.rllib.policy.sample_batch import MultiAgentBatch, SampleBatch
     from ray.rllib.utils.numpy import convert_to_numpy
-    from test_rllib_vtrace import small_config
 
     length = 12
-    config = (
-        small_config(central=False)
-        .env_runners(num_env_runners=1)
-        .learners(num_learners=2, num_cpus_per_learner=0.4)
+    config, algorithm = vtrace_two_learners
+    starts, ends = [], []  # 12-step pieces: episode starts (cut) and episode ends (terminated)
+    while len(starts) < 6 or len(ends) < 2:
+        for episodes in algorithm.env_runner_group.foreach_env_runner(
+            lambda runner: runner.sample(num_episodes=8), local_env_runner=False
+        ):
+            for episode in episodes:
+                if episode.is_done and len(episode) > length:
+                    starts.append(episode[:length])
+                    ends.append(episode[-length:])
+    assert all(piece.is_terminated for piece in ends[:2])
+    assert not any(piece.is_done for piece in starts[:6])
+    pieces = [starts[0:3] + ends[0:1], starts[3:6] + ends[1:2]]  # one share per learner
+    before = algorithm.learner_group.get_state(components="learner")["learner"]
+
+    def one_update(learner):
+        """Build this learner's batch from its share (its learner connector) and take one
+        gradient step, synchronously (not through IMPALA's learner thread)."""
+        import torch.distributed as dist
+        from ray.rllib.core import DEFAULT_MODULE_ID
+        from ray.rllib.core.learner.learner import Learner
+        from ray.rllib.core.learner.training_data import TrainingData
+        from ray.rllib.utils.numpy import convert_to_numpy
+
+        rank = dist.get_rank()
+        batch = learner._make_batch_if_necessary(TrainingData(episodes=pieces[rank]))
+        rows = convert_to_numpy(dict(batch.policy_batches[DEFAULT_MODULE_ID]))
+        Learner.update(learner, training_data=TrainingData(batch=batch), timesteps={})
+        module = learner.module[DEFAULT_MODULE_ID].unwrapped()
+        weights = convert_to_numpy(module.state_dict())
+        grads = {n: p.grad.numpy().copy() for n, p in module.named_parameters()}
+        return rank, rows, weights, grads
+
+    results = algorithm.learner_group.foreach_learner(one_update)
+    (rank_a, rows_a, weights_a, grads_a), (rank_b, rows_b, weights_b, _) = sorted(
+        (r.get() for r in results.result_or_errors), key=lambda r: r[0]
     )
-    algorithm = config.build_algo()
+    assert (rank_a, rank_b) == (0, 1)
+    mask = "loss_mask"
+    assert rows_a[mask].sum() == rows_b[mask].sum() == 4 * length  # same number of loss steps
+    assert not np.array_equal(rows_a["obs"], rows_b["obs"])
+    for name, value in weights_a.items():  # DDP kept the replicas identical
+        np.testing.assert_array_equal(value, weights_b[name], err_msg=name)
+    start = convert_to_numpy(before["rl_module"][DEFAULT_MODULE_ID])
+    assert any(not np.allclose(weights_a[k], start[k]) for k in start)  # it stepped
+
+    # One learner, same state, one step on the union of the two batches.
+    reference = config.copy().learners(num_learners=0).build_learner(env=gym.make("CartPole-v1"))
     try:
-        starts, ends = [], []  # 12-step pieces: episode starts (cut) and episode ends (terminated)
-        while len(starts) < 6 or len(ends) < 2:
-            for episodes in algorithm.env_runner_group.foreach_env_runner(
-                lambda runner: runner.sample(num_episodes=8), local_env_runner=False
-            ):
-                for episode in episodes:
-                    if episode.is_done and len(episode) > length:
-                        starts.append(episode[:length])
-                        ends.append(episode[-length:])
-        assert all(piece.is_terminated for piece in ends[:2])
-        assert not any(piece.is_done for piece in starts[:6])
-        pieces = [starts[0:3] + ends[0:1], starts[3:6] + ends[1:2]]  # one share per learner
-        before = algorithm.learner_group.get_state(components="learner")["learner"]
-
-        def one_update(learner):
-            """Build this learner's batch from its share (its learner connector) and take one
-            gradient step, synchronously (not through IMPALA's learner thread)."""
-            import torch.distributed as dist
-            from ray.rllib.core import DEFAULT_MODULE_ID
-            from ray.rllib.core.learner.learner import Learner
-            from ray.rllib.core.learner.training_data import TrainingData
-            from ray.rllib.utils.numpy import convert_to_numpy
-
-            rank = dist.get_rank()
-            batch = learner._make_batch_if_necessary(TrainingData(episodes=pieces[rank]))
-            rows = convert_to_numpy(dict(batch.policy_batches[DEFAULT_MODULE_ID]))
-            Learner.update(learner, training_data=TrainingData(batch=batch), timesteps={})
-            module = learner.module[DEFAULT_MODULE_ID].unwrapped()
-            weights = convert_to_numpy(module.state_dict())
-            grads = {n: p.grad.numpy().copy() for n, p in module.named_parameters()}
-            return rank, rows, weights, grads
-
-        results = algorithm.learner_group.foreach_learner(one_update)
-        (rank_a, rows_a, weights_a, grads_a), (rank_b, rows_b, weights_b, _) = sorted(
-            (r.get() for r in results.result_or_errors), key=lambda r: r[0]
+        # Time-major, each learner's batch is whole rows of the fragment length (its last
+        # row zero-padded, masked): the union puts B's rows after A's.
+        length_t = config.get_rollout_fragment_length()
+        padded = [pad_to_whole_rows(rows, length_t) for rows in (rows_a, rows_b)]
+        union = {k: np.concatenate([p[k] for p in padded]) for k in rows_a}
+        batch = MultiAgentBatch(
+            {DEFAULT_MODULE_ID: SampleBatch(union, _zero_padded=True)},
+            env_steps=len(union[mask]),
         )
-        assert (rank_a, rank_b) == (0, 1)
-        mask = "loss_mask"
-        assert rows_a[mask].sum() == rows_b[mask].sum() == 4 * length  # same number of loss steps
-        assert not np.array_equal(rows_a["obs"], rows_b["obs"])
-        for name, value in weights_a.items():  # DDP kept the replicas identical
-            np.testing.assert_array_equal(value, weights_b[name], err_msg=name)
-        start = convert_to_numpy(before["rl_module"][DEFAULT_MODULE_ID])
-        assert any(not np.allclose(weights_a[k], start[k]) for k in start)  # it stepped
-
-        # One learner, same state, one step on the union of the two batches.
-        reference = (
-            config.copy().learners(num_learners=0).build_learner(env=gym.make("CartPole-v1"))
-        )
-        try:
-            # Time-major, each learner's batch is whole rows of the fragment length (its last
-            # row zero-padded, masked): the union puts B's rows after A's.
-            length_t = config.get_rollout_fragment_length()
-            padded = [pad_to_whole_rows(rows, length_t) for rows in (rows_a, rows_b)]
-            union = {k: np.concatenate([p[k] for p in padded]) for k in rows_a}
-            batch = MultiAgentBatch(
-                {DEFAULT_MODULE_ID: SampleBatch(union, _zero_padded=True)},
-                env_steps=len(union[mask]),
-            )
-            reference.set_state(before)
-            Learner.update(reference, training_data=TrainingData(batch=batch), timesteps={})
-            expected = convert_to_numpy(reference.module[DEFAULT_MODULE_ID].state_dict())
-            expected_grads = {
-                n: p.grad.numpy().copy()
-                for n, p in reference.module[DEFAULT_MODULE_ID].named_parameters()
-            }
-        finally:
-            reference.shutdown()
-        for name, value in expected_grads.items():  # DDP's averaged gradient = the union's
-            np.testing.assert_allclose(grads_a[name], value, rtol=1e-4, atol=1e-6, err_msg=name)
-        for name, value in expected.items():
-            np.testing.assert_allclose(weights_a[name], value, rtol=1e-5, atol=1e-6, err_msg=name)
+        reference.set_state(before)
+        Learner.update(reference, training_data=TrainingData(batch=batch), timesteps={})
+        expected = convert_to_numpy(reference.module[DEFAULT_MODULE_ID].state_dict())
+        expected_grads = {
+            n: p.grad.numpy().copy()
+            for n, p in reference.module[DEFAULT_MODULE_ID].named_parameters()
+        }
     finally:
-        algorithm.stop()
+        reference.shutdown()
+    for name, value in expected_grads.items():  # DDP's averaged gradient = the union's
+        np.testing.assert_allclose(grads_a[name], value, rtol=1e-4, atol=1e-6, err_msg=name)
+    for name, value in expected.items():
+        np.testing.assert_allclose(weights_a[name], value, rtol=1e-5, atol=1e-6, err_msg=name)

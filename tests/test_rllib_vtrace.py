@@ -415,6 +415,18 @@ def test_registered_with_tune_and_rllib():
         (lambda c: c.central_inference(num_gpus=-1), "num_gpus"),
         (lambda c: c.central_inference(enabled="yes"), "enabled"),
         (lambda c: c.env_runners(num_env_runners=0), "num_env_runners"),
+        # One runner, "auto" fragments: one sample list of 4 x 250 steps per batch, 2 learners.
+        (
+            lambda c: c.learners(num_learners=2).env_runners(
+                num_env_runners=1, rollout_fragment_length="auto"
+            ),
+            r"num_learners=2 .* holds 1 list\(s\) of num_envs_per_env_runner=4 x "
+            r"rollout_fragment_length=250 steps",
+        ),
+        (
+            lambda c: c.learners(num_learners=3).env_runners(rollout_fragment_length=200),
+            r"total_train_batch_size=1500 holds 2 list\(s\).* at most 500 steps",
+        ),
     ],
 )
 def test_bad_config_values_raise_on_validate(change, match):
@@ -428,6 +440,8 @@ def test_valid_edge_values_pass_validation():
     small_config().training(vtrace_lambda=1.0).validate()
     # Local inference needs no remote env runner.
     small_config(central=False).env_runners(num_env_runners=0).validate()
+    # Two learners, two runners, "auto" fragments: two sample lists per batch, one each.
+    small_config().learners(num_learners=2).env_runners(rollout_fragment_length="auto").validate()
 
 
 @pytest.mark.parametrize(
