@@ -213,8 +213,12 @@ def test_restoring_an_older_checkpoint_into_the_running_algorithm_moves_versions
     ray_session, tmp_path, central
 ):
     """The restored (older) weights get a version newer than any published before, so the
-    parameter server takes them, the runners pull them and (SEED) the server uses them."""
+    parameter server takes them, the runners pull them and (SEED) the server uses them. The
+    runner-weights run checkpoints without its replay (``replay(checkpoint=False)``): no replay
+    directory, and the restore needs none."""
     config = small_config(runners=1)
+    if not central:
+        config = config.replay(checkpoint=False)
     if central:
         config = config.central_inference(
             enabled=True, num_cpus=0.1, max_batch_size=64, max_wait_ms=1.0
@@ -225,6 +229,7 @@ def test_restoring_an_older_checkpoint_into_the_running_algorithm_moves_versions
         for _ in range(2):
             algorithm.train()
         path = algorithm.save_to_path(str(tmp_path / "old"))
+        assert (tmp_path / "old" / "replay").exists() == central
         saved_q = q_values_of(algorithm.get_module(), obs)
         for _ in range(2):
             result = algorithm.train()
@@ -259,16 +264,6 @@ def test_restoring_an_older_checkpoint_into_the_running_algorithm_moves_versions
             for q in runner_q:
                 np.testing.assert_allclose(q, saved_q, atol=1e-5)
         algorithm.train()  # and training goes on from there
-    finally:
-        algorithm.stop()
-
-
-def test_checkpoint_without_replay(ray_session, tmp_path):
-    algorithm = small_config(runners=1).replay(checkpoint=False).build_algo()
-    try:
-        algorithm.train()
-        algorithm.save_to_path(str(tmp_path / "ckpt"))
-        assert not (tmp_path / "ckpt" / "replay").exists()
     finally:
         algorithm.stop()
 

@@ -124,47 +124,6 @@ def test_two_learners_step_like_one_learner_on_the_union_of_their_batches(ray_se
         algorithm.stop()
 
 
-def test_vtrace_with_two_learners_trains_in_seed_mode_and_keeps_one_version(ray_session):
-    """VTrace on RLlib's learner group with two learners (RLlib shards each train batch over
-    them; DDP averages the gradients): both replicas hold the same weights and version after
-    training, and the SEED inference server serves that version."""
-    from ray.rllib.core import DEFAULT_MODULE_ID
-    from ray.rllib.utils.numpy import convert_to_numpy
-    from test_rllib_vtrace import small_config
-
-    algorithm = (
-        small_config(central=True)
-        .env_runners(num_env_runners=1)
-        .learners(num_learners=2, num_cpus_per_learner=0.4)
-        .build_algo()
-    )
-    try:
-        # Sampling and the learners' updates are asynchronous: under load the first updates can
-        # land after a few iterations. The server must get a version > 0 within the bound.
-        for _ in range(30):
-            result = algorithm.train()
-            if result.get("central_inference", {}).get("version", 0) > 0 and result.get(
-                "env_runners", {}
-            ).get("num_env_steps_sampled_lifetime", 0):
-                break
-        replicas = algorithm.learner_group.foreach_learner(
-            lambda learner: (
-                learner.versioned_weights()[1],
-                convert_to_numpy(learner.module[DEFAULT_MODULE_ID].unwrapped().state_dict()),
-            )
-        )
-        (version_a, weights_a), (version_b, weights_b) = [
-            r.get() for r in replicas.result_or_errors
-        ]
-        assert version_a == version_b > 0
-        for name, value in weights_a.items():
-            np.testing.assert_array_equal(value, weights_b[name], err_msg=name)
-        assert result["central_inference"]["version"] > 0
-        assert result["env_runners"]["num_env_steps_sampled_lifetime"] > 0
-    finally:
-        algorithm.stop()
-
-
 def pad_to_whole_rows(rows: dict, length: int) -> dict:
     """Zero-pad every column to a whole number of ``length``-step rows (padding masked), as
     RLlib's ``make_time_major`` pads a learner's batch."""
@@ -177,12 +136,12 @@ def pad_to_whole_rows(rows: dict, length: int) -> dict:
 
 @pytest.fixture(scope="module")
 def vtrace_two_learners(ray_session):
-    """VTrace in local mode (runners infer themselves) with two data-parallel learners: the
-    config and the algorithm."""
+    """VTrace in SEED mode (one inference server) with two data-parallel learners: the config
+    and the algorithm."""
     from test_rllib_vtrace import small_config
 
     config = (
-        small_config(central=False)
+        small_config(central=True)
         .env_runners(num_env_runners=1)
         .learners(num_learners=2, num_cpus_per_learner=0.4)
     )
@@ -336,3 +295,35 @@ def test_vtrace_two_learners_step_like_one_learner_on_the_union_of_their_batches
         np.testing.assert_allclose(grads_a[name], value, rtol=1e-4, atol=1e-6, err_msg=name)
     for name, value in expected.items():
         np.testing.assert_allclose(weights_a[name], value, rtol=1e-5, atol=1e-6, err_msg=name)
+
+
+def test_vtrace_with_two_learners_trains_in_seed_mode_and_keeps_one_version(vtrace_two_learners):
+    """VTrace on RLlib's learner group with two learners (RLlib shards each train batch over
+    them; DDP averages the gradients): both replicas hold the same weights and version after
+    training, and the SEED inference server serves that version. (Last of the tests sharing
+    the algorithm: IMPALA's asynchronous updates may still be landing after train().)"""
+    from ray.rllib.core import DEFAULT_MODULE_ID
+    from ray.rllib.utils.numpy import convert_to_numpy
+
+    _, algorithm = vtrace_two_learners
+    version_before = algorithm._learner_version()  # the tests above stepped the learners
+    # Sampling and the learners' updates are asynchronous: under load the first updates can
+    # land after a few iterations. The server must get a newer version within the bound.
+    for _ in range(30):
+        result = algorithm.train()
+        if result.get("central_inference", {}).get("version", 0) > version_before and result.get(
+            "env_runners", {}
+        ).get("num_env_steps_sampled_lifetime", 0):
+            break
+    replicas = algorithm.learner_group.foreach_learner(
+        lambda learner: (
+            learner.versioned_weights()[1],
+            convert_to_numpy(learner.module[DEFAULT_MODULE_ID].unwrapped().state_dict()),
+        )
+    )
+    (version_a, weights_a), (version_b, weights_b) = [r.get() for r in replicas.result_or_errors]
+    assert version_a == version_b > version_before
+    for name, value in weights_a.items():
+        np.testing.assert_array_equal(value, weights_b[name], err_msg=name)
+    assert result["central_inference"]["version"] > version_before
+    assert result["env_runners"]["num_env_steps_sampled_lifetime"] > 0
