@@ -504,12 +504,13 @@ def test_a_vtrace_update_whose_episodes_all_died_with_their_node_is_skipped_and_
             return [ray.put(item) for item in items]
 
     holder = hold_head_cpus()
-    node = ray_nodes.add_node(num_cpus=1)
-    ray_nodes.wait_for_nodes()
-    owner = Owner.remote()  # on the worker node: the head's CPU is held
-    dead = ray.get(owner.put.remote([episodes[:2], episodes[2:]]), timeout=60)
-    learner = config.build_learner(env=gym.make("CartPole-v1"))
+    learner = None
     try:
+        node = ray_nodes.add_node(num_cpus=1)
+        ray_nodes.wait_for_nodes()
+        owner = Owner.remote()  # on the worker node: the head's CPU is held
+        dead = ray.get(owner.put.remote([episodes[:2], episodes[2:]]), timeout=60)
+        learner = config.build_learner(env=gym.make("CartPole-v1"))
         remove_node(ray_nodes, node)
         with pytest.raises(ray.exceptions.OwnerDiedError):
             ray.get(dead[0], timeout=30)
@@ -525,5 +526,6 @@ def test_a_vtrace_update_whose_episodes_all_died_with_their_node_is_skipped_and_
         assert learner.weights_clock.version == version + 1
         assert learner.updates_skipped == 1
     finally:
-        learner.shutdown()
+        if learner is not None:
+            learner.shutdown()
         ray.kill(holder)

@@ -217,12 +217,12 @@ def test_restoring_an_older_checkpoint_into_the_running_algorithm_moves_versions
     runner-weights run checkpoints without its replay (``replay(checkpoint=False)``): no replay
     directory, and the restore needs none."""
     config = small_config(runners=1)
-    if not central:
-        config = config.replay(checkpoint=False)
     if central:
         config = config.central_inference(
             enabled=True, num_cpus=0.1, max_batch_size=64, max_wait_ms=1.0
         )
+    else:
+        config = config.replay(checkpoint=False)
     algorithm = config.build_algo()
     obs = np.random.default_rng(0).normal(size=(8, 4)).astype(np.float32)
     try:

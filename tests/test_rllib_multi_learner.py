@@ -1,10 +1,12 @@
-"""GorilaDQN with two data-parallel RLlib learners (torch DDP on gloo, CPU).
+"""GorilaDQN and VTrace with two data-parallel RLlib learners (torch DDP on gloo, CPU).
 
 Each learner samples its own prioritized batch and sends its own priorities; DDP averages the
 gradients, so one synchronous step must leave both learners with the weights a single learner
 reaches by stepping on the union of their batches (same starting weights and Adam state). With
 ``beta=0`` the importance weights are all 1, so the union's mean loss has exactly the average
-of the two learners' gradients.
+of the two learners' gradients. The VTrace tests share one SEED-mode algorithm: a step on
+each learner's own share equals one step on their union, an update that leaves one learner
+without episodes is skipped by both, and training keeps one version on both replicas.
 """
 
 from __future__ import annotations
