@@ -190,6 +190,9 @@ class InferenceServer:
         self._num_caller_restarts = 0
         self._num_stale_weights = 0
         self._weights_set_at = self._started
+        #: per module, the row shape and dtype of the first batch the policy took: a request
+        #: that does not fit is refused on arrival, to its caller only
+        self._obs_specs: dict[str, tuple[tuple[int, ...], np.dtype]] = {}
 
     # ---- callers ------------------------------------------------------------------------------
     async def register(self, caller: str) -> int:
@@ -222,6 +225,15 @@ class InferenceServer:
             raise ValueError(
                 f"the inference server has no policy for module {module!r}; it serves "
                 f"{sorted(self._policies)}"
+            )
+        spec = self._obs_specs.get(module)
+        if spec is not None and (
+            obs.shape[1:] != spec[0] or not np.can_cast(obs.dtype, spec[1], casting="same_kind")
+        ):
+            raise ValueError(
+                f"obs rows of shape {obs.shape[1:]} and dtype {obs.dtype} do not fit "
+                + (f"module {module!r}" if module else "the policy")
+                + f": its requests so far had rows of shape {spec[0]} and dtype {spec[1]}"
             )
         loop = asyncio.get_running_loop()
         if self._wake is None or self._batcher is None or self._batcher.done():
@@ -360,10 +372,18 @@ class InferenceServer:
                         f"policy output {name!r} has shape {np.shape(value)}, expected "
                         f"[{rows}, ...] (one row per observation)"
                     )
-        except Exception as error:  # every caller of the batch gets the error, none hangs
+        except Exception as error:
+            if len(live) == 1:  # its caller gets the error; the server goes on
+                live[0].future.set_exception(error)
+                return
+            # One request the policy cannot take must not fail the others batched with it:
+            # each runs alone, and only the bad ones' callers get an error.
             for request in live:
-                request.future.set_exception(error)
+                self._run_batch([request])
             return
+        first = live[0].obs
+        if all(r.obs.shape[1:] == first.shape[1:] and r.obs.dtype == first.dtype for r in live):
+            self._obs_specs.setdefault(live[0].module, (first.shape[1:], first.dtype))
         start = 0
         for request in live:
             n = request.obs.shape[0]

@@ -261,6 +261,8 @@ class InferenceCaller:
         while True:
             try:
                 return ray.get(submit(), timeout=max(deadline - time.monotonic(), 0.1))
+            except ray.exceptions.RayTaskError as error:  # the server refused this request
+                raise error.cause if error.cause is not None else error from None
             except (
                 ray.exceptions.RayActorError,
                 ray.exceptions.ActorUnavailableError,

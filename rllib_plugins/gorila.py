@@ -675,6 +675,7 @@ _REPLAY_METRICS = {
     "replay_sample_wait_s": "sample_wait_s",
     "replay_stale_updates": "stale_updates",
     "replay_items_lost": "items_lost",
+    "replay_snapshots_rejected": "snapshots_rejected",
     "replay_shard_failures": "shard_failures",
     "replay_shards_alive": "shards_alive",
     "replay_bytes": "storage_bytes",
@@ -685,6 +686,7 @@ _REPLAY_METRICS = {
 _SUMMED = (
     "replay_size",
     "replay_items_lost",
+    "replay_snapshots_rejected",
     "replay_shard_failures",
     "replay_stale_updates",
     "replay_bytes",

@@ -30,6 +30,19 @@ for _name, _value in {
     os.environ.setdefault(_name, _value)
 
 
+# Property-based tests (hypothesis): a fixed number of examples, no time limit per example (a
+# 2-core machine running Ray beside them is slow at times), no example database in the tree.
+try:
+    from hypothesis import settings as _hypothesis_settings
+
+    _hypothesis_settings.register_profile(
+        "rl-dist-ext", max_examples=40, deadline=None, database=None, derandomize=True
+    )
+    _hypothesis_settings.load_profile("rl-dist-ext")
+except ImportError:  # the dev extra brings it; the tests that need it import it themselves
+    pass
+
+
 def start_session_ray() -> None:
     """The tests' one-node Ray session: 2 CPUs, no dashboard."""
     import ray

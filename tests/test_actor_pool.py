@@ -252,12 +252,14 @@ def test_a_restartable_actor_with_large_constructor_arguments_comes_back_after_a
 
 
 def test_an_inference_server_with_a_large_policy_factory_comes_back_after_a_crash(ray_session):
+    """... and a caller's request of the wrong shape fails that caller alone, with the
+    server's own ValueError (not Ray's wrapper), while the server goes on."""
     import gc
 
     import numpy as np
 
     from rl_dist_ext.inference import InferenceServerConfig
-    from rl_dist_ext.ray_actors import start_inference_server
+    from rl_dist_ext.ray_actors import InferenceCaller, start_inference_server
 
     class TablePolicy:
         is_recurrent = False
@@ -286,6 +288,11 @@ def test_an_inference_server_with_a_large_policy_factory_comes_back_after_a_cras
     try:
         reply = ray.get(server.infer.remote("caller-0", np.zeros((2, 3))), timeout=120)
         assert reply.outputs["actions"].tolist() == [10, 10]
+        caller = InferenceCaller(server, "caller-1", retry_s=10.0)
+        with pytest.raises(ValueError, match=r"shape \(5,\).*do not fit") as refused:
+            caller.infer(np.zeros((1, 5)))
+        assert not isinstance(refused.value, ray.exceptions.RayError)
+        assert caller.infer(np.zeros((1, 3))).outputs["actions"].tolist() == [10]
         gc.collect()
         time.sleep(2.0)  # Ray releases creation arguments shortly after the actor is up
         ray.kill(server, no_restart=False)

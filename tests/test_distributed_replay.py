@@ -445,6 +445,94 @@ def test_killed_shard_restarts_from_snapshot_and_losses_are_counted(make_replay,
     assert next_id <= stats["num_inserted"] + stats["items_lost"] <= next_id + 25
 
 
+def damage_shard_snapshots(directory, shard: int) -> int:
+    """Cut every file of ``shard``'s snapshots under ``directory`` to a third; how many."""
+    files = [
+        path
+        for path in directory.rglob("*")
+        if path.is_file()
+        and path.relative_to(directory).parts[0] in (f"shard_{shard}", f"shard_{shard}.pkl")
+    ]
+    for path in files:
+        path.write_bytes(path.read_bytes()[: path.stat().st_size // 3])
+    return len(files)
+
+
+def test_a_shard_whose_snapshots_are_damaged_restarts_empty_counts_its_rows_and_saves_again(
+    make_replay, tmp_path
+):
+    """It used to die in its creation task (UnpicklingError), never come back, count no rows
+    lost, and make the next save raise ReplayUnavailable."""
+    import ray
+
+    replay = make_replay(
+        num_shards=2,
+        capacity=4_000,
+        snapshot_dir=str(tmp_path / "snap"),
+        snapshot_every_inserts=100,
+        retry_down_shard_after_s=0.5,
+        timeout_s=10.0,
+    )
+    for start in range(0, 500, 25):
+        replay.add(rows(start, 25))
+    replay.flush()
+    held = replay.stats(wait=True)["size_per_shard"][0]
+    assert held >= 200
+    assert damage_shard_snapshots(tmp_path / "snap", 0) > 0
+    ray.kill(replay.handles[0], no_restart=False)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        stats = replay.stats(wait=True)
+        if stats["shards_alive"] == 2 and stats["shard_failures"]:
+            break
+        replay.add(rows(0, 1))  # calls notice the restart sooner than status polls
+        time.sleep(0.2)
+    replay.flush()
+    stats = replay.stats(wait=True)
+    assert stats["shards_alive"] == 2
+    assert stats["snapshots_rejected"] == 2  # the newest generation and the one kept before it
+    assert stats["items_lost"] == held  # every row it held: it started empty
+    replay.save(str(tmp_path / "ckpt"))  # every shard answers again
+
+
+class CraftedPickle:
+    """Unpickled, it writes a file: what a stranger's "snapshot" could do instead."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def __reduce__(self):
+        import pathlib
+
+        return (pathlib.Path(self.path).write_text, ("the pickle ran",))
+
+
+def test_restoring_a_checkpoint_with_a_crafted_pickle_runs_nothing_and_changes_nothing(
+    make_replay, tmp_path
+):
+    """It used to run the pickle's code in the shard, then fail with a raw RayTaskError."""
+    import shutil
+
+    replay = make_replay(num_shards=2, capacity=200)
+    replay.add(rows(0, 40))
+    replay.flush()
+    checkpoint = tmp_path / "ckpt"
+    replay.save(str(checkpoint))
+    for stale in checkpoint.glob("shard_1*"):
+        shutil.rmtree(stale) if stale.is_dir() else stale.unlink()
+    marker = tmp_path / "ran"
+    (checkpoint / "shard_1.pkl").write_bytes(pickle.dumps(CraftedPickle(str(marker))))
+    replay.add(rows(40, 40))
+    replay.flush()
+    before = replay.stats(wait=True)["size_per_shard"]
+    with pytest.raises(Exception, match=r"shard_1\.pkl.*convert_pickle_snapshot") as refused:
+        replay.restore(str(checkpoint))
+    assert type(refused.value).__name__ == "LegacyPickleSnapshot"  # the project's, not Ray's
+    assert not marker.exists()
+    # shard 0's file was good, but no shard swapped its rows in: the replay is as it was
+    assert replay.stats(wait=True)["size_per_shard"] == before == [40, 40]
+
+
 def test_priorities_for_rows_of_a_shard_that_restarted_meanwhile_are_dropped_as_stale(
     make_replay, tmp_path
 ):

@@ -193,7 +193,9 @@ def test_callers_that_never_registered_are_known_from_their_requests():
     assert stats["caller_restarts"] == 0
 
 
-def test_a_failing_policy_fails_every_request_of_its_batch_and_the_server_goes_on():
+def test_a_request_the_policy_cannot_take_fails_only_its_own_caller():
+    """It used to fail every request batched with it."""
+
     class Flaky(_LinearPolicy):
         def __call__(self, obs):
             if np.isnan(obs).any():
@@ -205,14 +207,46 @@ def test_a_failing_policy_fails_every_request_of_its_batch_and_the_server_goes_o
     async def main():
         bad = np.full((1, 3), np.nan)
         results = await asyncio.gather(
-            server.infer("a", np.ones((1, 3))), server.infer("b", bad), return_exceptions=True
+            server.infer("a", np.ones((1, 3))),
+            server.infer("b", bad),
+            server.infer("c", np.ones((2, 3))),
+            return_exceptions=True,
         )
-        after = await server.infer("a", np.ones((1, 3)))
+        after = await server.infer("b", np.ones((1, 3)))
         return results, after
 
-    results, after = asyncio.run(main())
-    assert all(isinstance(r, RuntimeError) for r in results)
+    (good, bad, other), after = asyncio.run(main())
+    assert isinstance(bad, RuntimeError)
+    assert good.outputs["actions"].shape == (1,) and other.outputs["actions"].shape == (2,)
     assert after.outputs["actions"].shape == (1,)
+
+
+@pytest.mark.parametrize(
+    "obs, match",
+    [
+        (np.ones((2, 4)), r"shape \(4,\) and dtype float64 do not fit the policy"),
+        (np.full((2, 3), "x"), r"dtype <U1 do not fit"),
+        (np.ones((1, 3, 1)), r"shape \(3, 1\)"),
+    ],
+)
+def test_a_request_of_the_wrong_shape_or_dtype_is_refused_to_its_caller_alone(obs, match):
+    server = _server(max_batch_size=8, max_wait_ms=20.0)
+
+    async def main():
+        first = await asyncio.gather(  # nothing learned yet: the batch fails, each runs alone
+            server.infer("a", np.ones((1, 3))), server.infer("b", obs), return_exceptions=True
+        )
+        later = await asyncio.gather(  # refused on arrival
+            server.infer("a", np.ones((1, 3))), server.infer("b", obs), return_exceptions=True
+        )
+        return first, later
+
+    (good, bad), (good_later, bad_later) = asyncio.run(main())
+    assert good.outputs["actions"].shape == good_later.outputs["actions"].shape == (1,)
+    assert isinstance(bad, Exception)
+    assert isinstance(bad_later, ValueError) and bad_later.args[0]
+    with pytest.raises(ValueError, match=match):
+        raise bad_later
 
 
 def test_outputs_with_the_wrong_batch_size_are_an_error():

@@ -45,17 +45,42 @@ def test_join_keeps_a_uri_query_after_the_path():
     assert snapshot.join("/tmp/run/", "x.pkl") == "/tmp/run/x.pkl"
 
 
-def test_state_and_text_files_round_trip_on_s3(s3):
+def test_snapshots_and_text_files_round_trip_on_s3(s3):
     base = s3("files")
-    state = {"rows": np.arange(10, dtype=np.uint8), "n": 3}
-    snapshot.write_state(snapshot.join(base, "shard_0.pkl"), state)
+    location = snapshot.join(base, "shard_0")
+    columns = {
+        "rows": np.arange(10, dtype=np.uint8),
+        "blob": np.array([b"x", None], object)[[0] * 10],
+    }
+    for n in range(3):
+        snapshot.write_snapshot(location, {"n": n}, columns)
     snapshot.write_text(snapshot.join(base, "manifest.json"), '{"a": 1}')
-    loaded = snapshot.read_state(snapshot.join(base, "shard_0.pkl"))
-    np.testing.assert_array_equal(loaded["rows"], state["rows"])
-    assert loaded["n"] == 3
+    loaded = snapshot.read_snapshot(location)
+    np.testing.assert_array_equal(loaded.columns["rows"], columns["rows"])
+    assert list(loaded.columns["blob"]) == [b"x"] * 10
+    assert loaded.state == {"n": 2}
+    # the two newest generations are kept, older ones deleted
+    assert [g.number for g in snapshot.generations(location)] == [3, 2]
     assert snapshot.read_text(snapshot.join(base, "manifest.json")) == '{"a": 1}'
-    assert snapshot.read_state(snapshot.join(base, "missing.pkl")) is None
+    assert snapshot.read_snapshot(snapshot.join(base, "missing")) is None
     assert snapshot.read_text(snapshot.join(base, "missing.json")) is None
+
+
+def test_a_damaged_s3_snapshot_is_named_by_its_uri(s3):
+    import pyarrow.fs as pafs
+
+    location = s3("damaged")
+    snapshot.write_snapshot(location, {}, {"rows": np.arange(100)})
+    fs, path = pafs.FileSystem.from_uri(location)
+    data = f"{path}/{1:012d}.arrow"
+    with fs.open_input_stream(data) as stream:
+        raw = stream.read()
+    with fs.open_output_stream(data) as stream:
+        stream.write(raw[:-20])
+    with pytest.raises(
+        snapshot.ReplaySnapshotCorrupt, match=r"s3://rl-dist-ext/damaged/0+1\.arrow"
+    ):
+        snapshot.read_snapshot(location)
 
 
 def test_a_killed_shard_restores_its_s3_snapshot_and_checkpoints_round_trip(ray_session, s3):

@@ -188,7 +188,7 @@ def test_a_restarted_shard_restores_its_compressed_rows_from_the_snapshot(tmp_pa
         shard_index=0,
         capacity=100,
         compression=ObsCompression(),
-        snapshot_uri=str(tmp_path / "shard.pkl"),
+        snapshot_uri=str(tmp_path / "shard"),
         snapshot_every_inserts=10,
     )
 

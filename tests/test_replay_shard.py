@@ -331,8 +331,13 @@ def test_server_can_block_under_a_second_event_loop():
 # ---- snapshots ------------------------------------------------------------------------------
 
 
+def snapshotted_inserts(uri: str) -> int:
+    """num_inserted of the newest snapshot at ``uri``."""
+    return snapshot.read_snapshot(uri).state["replay"]["num_inserted"]
+
+
 def test_snapshot_every_inserts_and_restart_restores_it(tmp_path):
-    uri = str(tmp_path / "snapshots" / "shard3.pkl")
+    uri = str(tmp_path / "snapshots" / "shard3")
     spec = make_spec(capacity=200, snapshot_uri=uri, snapshot_every_inserts=50)
 
     async def first_life():
@@ -349,10 +354,8 @@ def test_snapshot_every_inserts_and_restart_restores_it(tmp_path):
     before, after = keys[keys < 100], keys[keys >= 100]
     assert before.size > 50 and after.size > 10
 
-    state = snapshot.read_state(uri)
-    assert state is not None
-    assert state["replay"]["storage"]["num_inserted"] == 100  # snapshots at 50 and 100
-    assert not (tmp_path / "snapshots" / "shard3.pkl.tmp").exists()
+    assert snapshotted_inserts(uri) == 100  # snapshots at 50 and 100
+    assert not list((tmp_path / "snapshots").rglob("*.tmp"))
 
     async def second_life():
         server = ReplayShardServer(spec, restore_snapshot=True)
@@ -408,13 +411,13 @@ def test_snapshot_every_inserts_and_restart_restores_it(tmp_path):
 
 
 def test_restart_without_restore_starts_empty(tmp_path):
-    uri = str(tmp_path / "shard.pkl")
+    uri = str(tmp_path / "shard")
     spec = make_spec(snapshot_uri=uri, snapshot_every_inserts=10)
 
     async def main():
         first = ReplayShardServer(spec)
         await first.add(make_batch(0, 20))
-        assert snapshot.read_state(uri) is not None
+        assert snapshot.read_snapshot(uri) is not None
         fresh = ReplayShardServer(spec, restore_snapshot=False)
         status = await fresh.get_status()
         assert status.size == 0
@@ -427,14 +430,14 @@ def test_restart_without_restore_starts_empty(tmp_path):
 
 
 def test_restore_snapshot_without_a_file_starts_empty(tmp_path):
-    spec = make_spec(snapshot_uri=str(tmp_path / "missing.pkl"), snapshot_every_inserts=10)
+    spec = make_spec(snapshot_uri=str(tmp_path / "missing"), snapshot_every_inserts=10)
     server = ReplayShardServer(spec, restore_snapshot=True)
     status = server.status()
     assert (status.size, status.num_inserted, status.restored_num_inserted) == (0, 0, 0)
 
 
 def test_restore_puts_the_rate_limiter_in_balance(tmp_path):
-    uri = str(tmp_path / "shard.pkl")
+    uri = str(tmp_path / "shard")
     spec = blocking_spec(snapshot_uri=uri, snapshot_every_inserts=10, timeout_s=0.3)
 
     async def main():
@@ -451,7 +454,7 @@ def test_restore_puts_the_rate_limiter_in_balance(tmp_path):
 
 
 def test_snapshot_every_s(tmp_path):
-    uri = str(tmp_path / "timed.pkl")
+    uri = str(tmp_path / "timed")
     spec = make_spec(snapshot_uri=uri, snapshot_every_s=0.25)
 
     async def main():
@@ -459,12 +462,10 @@ def test_snapshot_every_s(tmp_path):
         await server.add(make_batch(0, 10))
         await asyncio.sleep(0.3)
         await server.add(make_batch(10, 10))
-        state = snapshot.read_state(uri)
-        assert state is not None
-        assert state["replay"]["storage"]["num_inserted"] == 20
+        assert snapshotted_inserts(uri) == 20
         # no time has passed since: the next add does not snapshot
         await server.add(make_batch(20, 10))
-        assert snapshot.read_state(uri)["replay"]["storage"]["num_inserted"] == 20
+        assert snapshotted_inserts(uri) == 20
 
     asyncio.run(main())
 
@@ -476,13 +477,13 @@ def test_snapshot_now(tmp_path):
         with pytest.raises(ValueError, match="snapshot_uri"):
             await server.snapshot_now()
 
-        uri = str(tmp_path / "now.pkl")
+        uri = str(tmp_path / "now")
         with_uri = ReplayShardServer(make_spec(snapshot_uri=uri))
         await with_uri.add(make_batch(0, 7))
-        assert snapshot.read_state(uri) is None  # no periodic snapshot configured
+        assert snapshot.read_snapshot(uri) is None  # no periodic snapshot configured
         status = await with_uri.snapshot_now()
         assert status.size == 7
-        assert snapshot.read_state(uri)["replay"]["storage"]["num_inserted"] == 7
+        assert snapshotted_inserts(uri) == 7
 
     asyncio.run(main())
 
@@ -491,7 +492,7 @@ def test_snapshot_now(tmp_path):
 
 
 def test_save_restore_round_trip(tmp_path):
-    uri = str(tmp_path / "saved" / "shard.pkl")
+    uri = str(tmp_path / "saved" / "shard")
     spec = make_spec(capacity=64)
 
     async def main():
@@ -535,8 +536,8 @@ def test_restore_missing_file_raises(tmp_path):
     async def main():
         server = ReplayShardServer(make_spec())
         await server.add(make_batch(0, 3))
-        with pytest.raises(FileNotFoundError, match="no replay shard state"):
-            await server.restore(str(tmp_path / "nope.pkl"))
+        with pytest.raises(FileNotFoundError, match="no replay snapshot"):
+            await server.restore(str(tmp_path / "nope"))
         assert (await server.get_status()).size == 3
 
     asyncio.run(main())

@@ -75,6 +75,7 @@ _REPLAY_STATS = (
     "sample_rate",
     "stale_updates",
     "items_lost",
+    "snapshots_rejected",
     "shard_failures",
     "storage_bytes",
     "bytes_per_transition",

@@ -11,6 +11,7 @@ are raw magnitudes (typically ``|TD error|``); the shard stores ``(p + eps) ** a
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from typing import Any, NamedTuple
 
@@ -25,11 +26,18 @@ from rl_dist_ext.ops.priorities import (
     validate_alpha_eps,
 )
 from rl_dist_ext.replay import compression as codec
-from rl_dist_ext.replay.storage import ColumnarStorage
+from rl_dist_ext.replay.storage import ColumnarStorage, check_priorities
 from rl_dist_ext.replay.sum_tree import SumTree
 from rl_dist_ext.validation import check_int
 
 STATE_FORMAT = 1
+#: The most rows one sample draws (where the capacity is smaller): a larger request is a unit
+#: mistake that would allocate gigabytes before failing.
+MAX_SAMPLE_ROWS = 2**20
+#: Snapshot column names (see PrioritizedReplay.snapshot)
+ROW_PREFIX = "row."
+INSERT_IDS = "key.insert_ids"
+PRIORITIES = "key.priorities"
 
 
 class ReplaySample(NamedTuple):
@@ -154,7 +162,7 @@ class PrioritizedReplay:
         if priorities is None:
             raw = np.full(rows, self._max_priority, dtype=np.float64)
         else:
-            raw = self._check_priorities(priorities, rows)
+            raw = check_priorities(priorities, rows)
         kept = slice(max(0, rows - self._capacity), rows)
         raw = raw[kept]
         stored = td_priorities(raw, alpha=self._alpha, eps=self._eps)
@@ -187,6 +195,11 @@ class PrioritizedReplay:
     def sample_items(self, batch_size: int) -> SampledItems:
         """Draw rows as :meth:`sample` does, returning stored priorities instead of weights."""
         batch_size = check_int("batch_size", batch_size, 1)
+        if batch_size > max(MAX_SAMPLE_ROWS, self._capacity):
+            raise ValueError(
+                f"batch_size={batch_size} is more rows than one draw takes (at most "
+                f"{max(MAX_SAMPLE_ROWS, self._capacity)}: 2**20, or the capacity if larger)"
+            )
         if self._storage.num_inserted == 0:
             raise ValueError("cannot sample from an empty replay; add() transitions first")
         slots, priorities = self._tree.sample_stratified(self._rng.random(batch_size))
@@ -307,6 +320,74 @@ class PrioritizedReplay:
         self._stale_updates = int(state["stale_updates"])
         self._rng.bit_generator.state = state["rng"]
 
+    def snapshot(self) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+        """This replay as a snapshot (:mod:`rl_dist_ext.replay.snapshot`): its counters and
+        settings as JSON-able ``state``, its rows as ``columns`` (stored columns as
+        ``row.<name>``, then ``key.insert_ids`` and ``key.priorities``). The stored columns are
+        views: write them before the replay changes."""
+        columns, insert_ids = self._storage.rows()
+        compression = self._compression
+        state = {
+            "replay_format": STATE_FORMAT,
+            "capacity": self._capacity,
+            "alpha": self._alpha,
+            "eps": self._eps,
+            "num_inserted": self._storage.num_inserted,
+            "key_base": self._storage.key_base,
+            "max_priority": self._max_priority,
+            "stale_updates": self._stale_updates,
+            "rng": self._rng.bit_generator.state,
+            "compression": None if compression is None else dataclasses.asdict(compression),
+            "layout": None if self._layout is None else [list(c) for c in self._layout],
+        }
+        out = {f"{ROW_PREFIX}{name}": column for name, column in columns.items()}
+        out[INSERT_IDS] = insert_ids
+        out[PRIORITIES] = self._tree.leaves()[: len(self)]
+        return state, out
+
+    def load_snapshot(self, state: Mapping[str, Any], columns: Mapping[str, np.ndarray]) -> None:
+        """Restore from :meth:`snapshot`'s output (as read back from a snapshot file); raises
+        ``ValueError``/``TypeError``/``KeyError`` for content that does not fit this replay."""
+        compression = state["compression"]
+        if compression is not None:
+            compression = codec.ObsCompression(
+                columns=tuple(compression["columns"]),
+                codec=compression["codec"],
+                level=compression["level"],
+            )
+        layout = state["layout"]
+        if layout is not None:
+            layout = tuple(
+                codec.ColumnLayout(name, tuple(shape), dtype) for name, shape, dtype in layout
+            )
+            for column in layout:
+                if not isinstance(column.name, str) or not isinstance(column.dtype, str):
+                    raise TypeError(f"snapshot layout {state['layout']!r} is malformed")
+                np.dtype(column.dtype)
+        rows = {k[len(ROW_PREFIX) :]: v for k, v in columns.items() if k.startswith(ROW_PREFIX)}
+        if set(columns) - {*(ROW_PREFIX + k for k in rows), INSERT_IDS, PRIORITIES}:
+            raise ValueError(f"unknown snapshot columns {sorted(columns)}")
+        self.load_state_dict(
+            {
+                "format": state["replay_format"],
+                "capacity": state["capacity"],
+                "alpha": state["alpha"],
+                "eps": state["eps"],
+                "storage": {
+                    "columns": rows,
+                    "insert_ids": columns[INSERT_IDS],
+                    "num_inserted": state["num_inserted"],
+                    "key_base": state["key_base"],
+                },
+                "priorities": columns[PRIORITIES],
+                "max_priority": state["max_priority"],
+                "stale_updates": state["stale_updates"],
+                "rng": state["rng"],
+                "compression": compression,
+                "layout": layout,
+            }
+        )
+
     def _to_stored(self, batch: Any) -> Mapping[str, np.ndarray]:
         """The columns stored for ``batch``: compressed columns become one blob column."""
         if self._compression is None:
@@ -335,15 +416,6 @@ class PrioritizedReplay:
                 f"compressed columns {batch.layout} do not match the replay schema {self._layout}"
             )
         return {**batch.columns, codec.BLOB_COLUMN: batch.blobs}
-
-    @staticmethod
-    def _check_priorities(priorities: np.ndarray, rows: int) -> np.ndarray:
-        raw = np.asarray(priorities, dtype=np.float64)
-        if raw.shape != (rows,):
-            raise ValueError(f"priorities must have shape ({rows},), got {raw.shape}")
-        if rows and not (np.isfinite(raw).all() and raw.min() >= 0.0):
-            raise ValueError("priorities must be finite and >= 0")
-        return raw
 
 
 @numba.njit(cache=True, nogil=True)

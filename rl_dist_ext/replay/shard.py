@@ -11,11 +11,12 @@ shard's size and priority mass without polling.
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 import numpy as np
 
@@ -24,6 +25,8 @@ from rl_dist_ext.replay import snapshot
 from rl_dist_ext.replay.compression import ObsCompression, PackedRows
 from rl_dist_ext.replay.prioritized import PrioritizedReplay
 from rl_dist_ext.replay.rate_limiter import RateLimit, RateLimiter
+
+log = logging.getLogger(__name__)
 
 
 class RateLimitTimeout(TimeoutError):
@@ -52,6 +55,9 @@ class ShardStatus(NamedTuple):
     #: row would take uncompressed
     storage_bytes: int = 0
     uncompressed_row_bytes: int = 0
+    #: damaged snapshot generations this incarnation skipped when it restarted (it fell back to
+    #: an older one, or started empty)
+    snapshots_rejected: int = 0
 
 
 class ShardSample(NamedTuple):
@@ -89,13 +95,7 @@ class ReplayShardServer:
 
     def __init__(self, spec: ShardSpec, *, restore_snapshot: bool = False) -> None:
         self._spec = spec
-        self._replay = PrioritizedReplay(
-            spec.capacity,
-            alpha=spec.alpha,
-            eps=spec.eps,
-            seed=spec.seed,
-            compression=spec.compression,
-        )
+        self._replay = self._new_replay()
         self._limiter = RateLimiter(spec.rate_limit)
         self._changed: asyncio.Condition | None = None  # bound to the loop it was made in
         self._changed_loop: asyncio.AbstractEventLoop | None = None
@@ -107,10 +107,12 @@ class ReplayShardServer:
         self._restored_num_inserted = 0
         self._inserts_at_snapshot = 0
         self._last_snapshot_time = time.monotonic()
+        self._snapshots_rejected = 0
+        self._prepared: PrioritizedReplay | None = None
         if restore_snapshot and spec.snapshot_uri is not None:
-            state = snapshot.read_state(spec.snapshot_uri)
-            if state is not None:
-                self._load(state)
+            replay = self._read(spec.snapshot_uri, fall_back=True)
+            if replay is not None:
+                self._adopt(replay)
 
     # ---- data path ----------------------------------------------------------------------------
     async def add(
@@ -183,18 +185,46 @@ class ReplayShardServer:
             counted_samples=self._limiter.samples,
             storage_bytes=self._replay.nbytes,
             uncompressed_row_bytes=self._replay.uncompressed_row_bytes,
+            snapshots_rejected=self._snapshots_rejected,
         )
 
     async def save(self, uri: str) -> ShardStatus:
-        snapshot.write_state(uri, self._state())
+        """Write a snapshot generation at the location ``uri``."""
+        self._write(uri)
         return self.status()
 
     async def restore(self, uri: str) -> ShardStatus:
-        state = snapshot.read_state(uri)
-        if state is None:
-            raise FileNotFoundError(f"no replay shard state at {uri!r}")
-        self._load(state)
+        """Load the newest snapshot at the location ``uri``: ``FileNotFoundError`` if there is
+        none, :class:`~rl_dist_ext.replay.snapshot.ReplaySnapshotCorrupt` if it is damaged (the
+        shard keeps its rows then)."""
+        await self.prepare_restore(uri)
+        return await self.commit_restore()
+
+    async def prepare_restore(self, uri: str) -> ShardStatus:
+        """The first half of :meth:`restore`: read and check the snapshot, keep it aside (the
+        shard serves its own rows meanwhile). A checkpoint of several shards is prepared on
+        every shard before any commits, so a damaged one leaves them all as they were."""
+        replay = self._read(uri, fall_back=False)
+        if replay is None:
+            raise FileNotFoundError(f"no replay snapshot at {uri!r}")
+        self._prepared = replay
+        return self.status()
+
+    async def commit_restore(self) -> ShardStatus:
+        """Swap in what :meth:`prepare_restore` read."""
+        if self._prepared is None:
+            raise RuntimeError(
+                f"replay shard {self._spec.shard_index} has no prepared restore (it restarted "
+                "since, or none was prepared): restore the checkpoint again"
+            )
+        self._adopt(self._prepared)
+        self._prepared = None
         await self._notify()
+        return self.status()
+
+    async def abort_restore(self) -> ShardStatus:
+        """Drop what :meth:`prepare_restore` read."""
+        self._prepared = None
         return self.status()
 
     async def clear(self) -> ShardStatus:
@@ -220,11 +250,56 @@ class ReplayShardServer:
         return self.status()
 
     # ---- internals ----------------------------------------------------------------------------
-    def _state(self) -> dict[str, Any]:
-        return {"replay": self._replay.state_dict(), "num_sampled": self._num_sampled}
+    def _new_replay(self) -> PrioritizedReplay:
+        spec = self._spec
+        return PrioritizedReplay(
+            spec.capacity,
+            alpha=spec.alpha,
+            eps=spec.eps,
+            seed=spec.seed,
+            compression=spec.compression,
+        )
 
-    def _load(self, state: Mapping[str, Any]) -> None:
-        self._replay.load_state_dict(state["replay"])
+    def _write(self, uri: str) -> None:
+        state, columns = self._replay.snapshot()
+        snapshot.write_snapshot(uri, {"replay": state}, columns)
+
+    def _read(self, uri: str, *, fall_back: bool) -> PrioritizedReplay | None:
+        """A replay loaded from the newest usable generation at ``uri`` (``None``: none).
+        Without ``fall_back`` a damaged newest one raises; with it (a restarting shard) older
+        ones are tried, then none, and what was skipped is counted and logged."""
+        try:
+            found = snapshot.generations(uri)
+        except snapshot.ReplaySnapshotCorrupt as error:  # an earlier version's pickle
+            if not fall_back:
+                raise
+            self._reject(error)
+            return None
+        for generation in found:
+            try:
+                return self._load(generation.read())
+            except snapshot.ReplaySnapshotCorrupt as error:
+                if not fall_back:
+                    raise
+                self._reject(error)
+        return None
+
+    def _reject(self, error: snapshot.ReplaySnapshotCorrupt) -> None:
+        self._snapshots_rejected += 1
+        log.warning("replay shard %d skipped a damaged snapshot: %s", self._spec.shard_index, error)
+
+    def _load(self, loaded: snapshot.Snapshot) -> PrioritizedReplay:
+        replay = self._new_replay()
+        try:
+            replay.load_snapshot(loaded.state["replay"], loaded.columns)
+        except Exception as error:
+            raise snapshot.ReplaySnapshotCorrupt(
+                loaded.source, "schema", f"{type(error).__name__}: {error}"
+            ) from None
+        return replay
+
+    def _adopt(self, replay: PrioritizedReplay) -> None:
+        self._replay = replay
         # Keys handed out after that state was written belong to rows that are gone.
         self._replay.invalidate_outstanding_keys()
         self._limiter.reset_balanced(len(self._replay))
@@ -247,7 +322,7 @@ class ReplayShardServer:
             self._write_snapshot()
 
     def _write_snapshot(self) -> None:
-        snapshot.write_state(self._spec.snapshot_uri, self._state())
+        self._write(self._spec.snapshot_uri)
         self._inserts_at_snapshot = self._replay.num_inserted
         self._last_snapshot_time = time.monotonic()
 

@@ -73,28 +73,10 @@ class ColumnarStorage:
 
     def validate(self, batch: Mapping[str, np.ndarray]) -> tuple[dict[str, np.ndarray], int]:
         """Check ``batch`` against the schema (or that it can found one); return arrays and rows."""
-        if not isinstance(batch, Mapping) or not batch:
-            raise TypeError(
-                f"batch must be a non-empty dict[str, np.ndarray], got {type(batch).__name__}"
-            )
-        arrays: dict[str, np.ndarray] = {}
-        rows = None
-        for name, value in batch.items():
-            if not isinstance(name, str):
-                raise TypeError(f"batch keys must be str, got {name!r}")
-            array = np.asarray(value)
-            if array.ndim < 1:
-                raise ValueError(f"batch[{name!r}] must have a leading batch dim, got a scalar")
-            if rows is None:
-                rows = array.shape[0]
-            elif array.shape[0] != rows:
-                raise ValueError(
-                    f"batch[{name!r}] has {array.shape[0]} rows but other columns have {rows}"
-                )
-            arrays[name] = array
+        arrays, rows = check_batch(batch)
         if self._columns:
             self._check_schema(arrays)
-        return arrays, int(rows)
+        return arrays, rows
 
     def write(self, arrays: dict[str, np.ndarray], rows: int) -> np.ndarray:
         """Write validated ``arrays`` (from :meth:`validate`); return ``[rows]`` int64 slots.
@@ -121,11 +103,20 @@ class ColumnarStorage:
         """Rows at ``slots`` as a new ``dict[str, [B, ...]]``."""
         return {name: column.take(slots, axis=0) for name, column in self._columns.items()}
 
-    def state_dict(self) -> dict:
+    def rows(self) -> tuple[dict[str, np.ndarray], np.ndarray]:
+        """Views (not copies) of the stored rows' columns and insert ids, in slot order."""
         size = len(self)
+        return {k: v[:size] for k, v in self._columns.items()}, self._insert_ids[:size]
+
+    @property
+    def key_base(self) -> int:
+        return self._key_base
+
+    def state_dict(self) -> dict:
+        columns, insert_ids = self.rows()
         return {
-            "columns": {k: v[:size].copy() for k, v in self._columns.items()},
-            "insert_ids": self._insert_ids[:size].copy(),
+            "columns": {k: v.copy() for k, v in columns.items()},
+            "insert_ids": insert_ids.copy(),
             "num_inserted": self._num_inserted,
             "key_base": self._key_base,
         }
@@ -142,6 +133,19 @@ class ColumnarStorage:
         for name, column in columns.items():
             if np.asarray(column).shape[:1] != (size,):
                 raise ValueError(f"state column {name!r} must have {size} rows")
+        key_base, num_inserted = int(state["key_base"]), int(state["num_inserted"])
+        if key_base < 0 or key_base % self._capacity or num_inserted < 0:
+            raise ValueError(
+                f"state key_base={key_base} must be a multiple of the capacity {self._capacity} "
+                f"and num_inserted={num_inserted} >= 0"
+            )
+        slots = np.arange(size, dtype=np.int64)
+        if size and not (
+            (insert_ids % self._capacity == slots).all()
+            and (insert_ids >= 0).all()
+            and (insert_ids < key_base + num_inserted).all()
+        ):
+            raise ValueError("state insert_ids do not name the rows in their slots")
         self._columns = {}
         self._insert_ids[:] = -1
         self._object_bytes = 0
@@ -152,8 +156,8 @@ class ColumnarStorage:
                 if self._columns[name].dtype.hasobject:
                     self._object_bytes += _content_bytes(self._columns[name][:size])
         self._insert_ids[:size] = insert_ids
-        self._num_inserted = int(state["num_inserted"])
-        self._key_base = int(state["key_base"])
+        self._num_inserted = num_inserted
+        self._key_base = key_base
 
     def _allocate(self, arrays: Mapping[str, np.ndarray]) -> None:
         self._columns = {
@@ -179,6 +183,42 @@ class ColumnarStorage:
                     f"batch[{name!r}] has dtype {array.dtype}, which cannot be stored as "
                     f"{column.dtype} (the replay schema)"
                 )
+
+
+def check_batch(batch: Mapping[str, np.ndarray]) -> tuple[dict[str, np.ndarray], int]:
+    """``batch`` as arrays with its row count; ``TypeError``/``ValueError`` unless it is a
+    non-empty ``dict[str, array]`` whose arrays have a row axis of one length (what any replay
+    schema needs: the rest is checked against the schema where it is stored)."""
+    if not isinstance(batch, Mapping) or not batch:
+        raise TypeError(
+            f"batch must be a non-empty dict[str, np.ndarray], got {type(batch).__name__}"
+        )
+    arrays: dict[str, np.ndarray] = {}
+    rows = None
+    for name, value in batch.items():
+        if not isinstance(name, str):
+            raise TypeError(f"batch keys must be str, got {name!r}")
+        array = np.asarray(value)
+        if array.ndim < 1:
+            raise ValueError(f"batch[{name!r}] must have a leading batch dim, got a scalar")
+        if rows is None:
+            rows = array.shape[0]
+        elif array.shape[0] != rows:
+            raise ValueError(
+                f"batch[{name!r}] has {array.shape[0]} rows but other columns have {rows}"
+            )
+        arrays[name] = array
+    return arrays, int(rows)
+
+
+def check_priorities(priorities: np.ndarray, rows: int) -> np.ndarray:
+    """Raw priorities as float64 ``[rows]``; ``ValueError`` unless finite and >= 0."""
+    raw = np.asarray(priorities, dtype=np.float64)
+    if raw.shape != (rows,):
+        raise ValueError(f"priorities must have shape ({rows},), got {raw.shape}")
+    if rows and not (np.isfinite(raw).all() and raw.min() >= 0.0):
+        raise ValueError("priorities must be finite and >= 0")
+    return raw
 
 
 def _content_bytes(objects: np.ndarray) -> int:

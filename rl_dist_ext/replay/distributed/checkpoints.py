@@ -1,4 +1,7 @@
-"""Checkpoints of the whole distributed replay: every shard's file plus a manifest.
+"""Checkpoints of the whole distributed replay: every shard's snapshot plus a manifest.
+
+A checkpoint at ``path`` is ``path/manifest.json`` and one snapshot location per shard,
+``path/shard_<i>/`` (see :mod:`rl_dist_ext.replay.snapshot`).
 
 ``save`` writes each shard as it is when the request reaches it (actors may go on inserting
 meanwhile); the manifest records the config and each shard's saved size and insert count.
@@ -21,7 +24,7 @@ MUST_MATCH = ("num_shards", "capacity", "alpha", "eps")
 
 
 def shard_file(path: str, shard: int) -> str:
-    return snapshot.join(path, f"shard_{shard}.pkl")
+    return snapshot.join(path, f"shard_{shard}")
 
 
 def save(shards: ShardSet, path: str) -> None:
@@ -38,10 +41,18 @@ def save(shards: ShardSet, path: str) -> None:
 
 def check_manifest(config: DistributedReplayConfig, path: str) -> None:
     """Raise unless ``path`` holds a checkpoint this replay can load."""
-    text = snapshot.read_text(snapshot.join(path, MANIFEST))
-    if text is None:
-        raise FileNotFoundError(f"no distributed replay checkpoint at {path!r}")
-    manifest = json.loads(text)
+    uri = snapshot.join(path, MANIFEST)
+    try:
+        text = snapshot.read_text(uri)
+        if text is None:
+            raise FileNotFoundError(f"no distributed replay checkpoint at {path!r}")
+        manifest = json.loads(text)
+        if not isinstance(manifest, dict) or not all(name in manifest for name in MUST_MATCH):
+            raise ValueError(f"it must be a JSON object with the keys {list(MUST_MATCH)}")
+    except (UnicodeDecodeError, ValueError) as error:  # JSONDecodeError is a ValueError
+        raise snapshot.ReplaySnapshotCorrupt(
+            uri, "header", f"not a checkpoint manifest: {error}"
+        ) from None
     for name in MUST_MATCH:
         if manifest[name] != getattr(config, name):
             raise ValueError(

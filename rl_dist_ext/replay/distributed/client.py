@@ -24,6 +24,7 @@ from rl_dist_ext.replay.distributed.shards import ShardSet
 from rl_dist_ext.replay.distributed.stats import ReplayStats
 from rl_dist_ext.replay.prioritized import ReplaySample
 from rl_dist_ext.replay.shard import ShardStatus
+from rl_dist_ext.replay.storage import check_batch, check_priorities
 from rl_dist_ext.validation import check_int
 
 log = logging.getLogger(__name__)
@@ -128,18 +129,14 @@ class DistributedReplay:
         """
         if count is not None:
             count = check_int("count", count, 0)
-        if not isinstance(batch, Mapping) or not batch:
-            raise TypeError(
-                f"batch must be a non-empty dict[str, np.ndarray], got {type(batch).__name__}"
-            )
-        rows = len(next(iter(batch.values())))
+        # what can be checked here is checked before anything is sent (the shard checks the
+        # columns against its schema; an add it refuses raises at this client's next call)
+        arrays, rows = check_batch(batch)
         if priorities is not None:
-            priorities = np.asarray(priorities, dtype=np.float64)
-            if priorities.shape != (rows,):
-                raise ValueError(f"priorities must have shape ({rows},), got {priorities.shape}")
+            priorities = check_priorities(priorities, rows)
         self._shards.poll()
         compression = self._config.compression
-        sent = dict(batch) if compression is None else codec.pack(dict(batch), compression)
+        sent = arrays if compression is None else codec.pack(arrays, compression)
         self._inserter.add(sent, priorities, rows, count)
 
     def while_waiting(self, callback: Callable[[], None] | None) -> None:
@@ -201,13 +198,22 @@ class DistributedReplay:
         checkpoints.save(self._shards, snapshot.resolve(path))
 
     def restore(self, path: str) -> None:
-        """Load every shard from :meth:`save` output; shard count, capacity and alpha must match."""
+        """Load every shard from :meth:`save` output; shard count, capacity and alpha must match.
+        Every shard reads and checks its file before any swaps its rows in: a damaged one
+        (:class:`~rl_dist_ext.replay.snapshot.ReplaySnapshotCorrupt`) leaves all as they were."""
         check_snapshot_dir_reachable(path, what="checkpoint path", refuse_relative=False)
         path = snapshot.resolve(path)
         checkpoints.check_manifest(self._config, path)
-        self._replace_contents(
-            "restore", lambda i, h: h.restore.remote(checkpoints.shard_file(path, i))
-        )
+        try:
+            self._shards.on_every_shard(
+                "restore",
+                lambda i, h: h.prepare_restore.remote(checkpoints.shard_file(path, i)),
+            )
+        except BaseException:
+            for handle in self._shards.handles:
+                handle.abort_restore.remote()
+            raise
+        self._replace_contents("restore", lambda i, h: h.commit_restore.remote())
 
     def clear(self) -> None:
         """Drop every row in every shard; keys sampled before are stale from now on."""

@@ -173,7 +173,7 @@ class DistributedReplayConfig:
                 snapshot_uri=(
                     None
                     if self.snapshot_dir is None
-                    else snapshot.join(snapshot.resolve(self.snapshot_dir), f"shard_{i}.pkl")
+                    else snapshot.join(snapshot.resolve(self.snapshot_dir), f"shard_{i}")
                 ),
                 snapshot_every_inserts=self.snapshot_every_inserts,
                 snapshot_every_s=self.snapshot_every_s,

@@ -18,7 +18,7 @@ import numpy as np
 
 from rl_dist_ext.replay.compression import PackedRows
 from rl_dist_ext.replay.distributed.config import ReplayTimeout, ReplayUnavailable
-from rl_dist_ext.replay.distributed.shards import ShardSet, actor_errors
+from rl_dist_ext.replay.distributed.shards import ShardSet, actor_errors, shard_error
 from rl_dist_ext.replay.shard import RateLimitTimeout
 
 
@@ -89,7 +89,8 @@ class Inserter:
             )
         done = set(ray.wait(refs, num_returns=len(refs), timeout=0)[0])
         pending: deque[PendingAdd] = deque()
-        for add in self._adds:
+        adds = list(self._adds)
+        for i, add in enumerate(adds):
             if add.ref not in done:
                 pending.append(add)
                 continue
@@ -107,6 +108,13 @@ class Inserter:
                 shards.poll()
                 self._route(add)
                 pending.append(add)
+            except ray.exceptions.RayTaskError as error:  # the shard refused the batch
+                self._adds = pending + deque(adds[i + 1 :])
+                raise shard_error(
+                    error,
+                    f"replay shard {add.shard} refused an add of {add.rows} rows this client "
+                    "sent earlier (none of them was stored)",
+                ) from None
             except actor_errors() as error:
                 shards.mark_down(add.shard, error)
                 if time.monotonic() - add.first_sent > config.timeout_s:

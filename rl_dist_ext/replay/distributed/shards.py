@@ -42,6 +42,19 @@ def actor_errors() -> tuple[type[BaseException], ...]:
     return (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError)
 
 
+def shard_error(error: Any, context: str = "") -> BaseException:
+    """The exception a shard raised, out of Ray's ``RayTaskError`` wrapper (errors raised to
+    the user are the project's own or Python's, never Ray's), with ``context`` in front of its
+    message where its type takes a message."""
+    cause = error.cause if getattr(error, "cause", None) is not None else error
+    if not context:
+        return cause
+    try:
+        return type(cause)(f"{context}: {cause}")
+    except TypeError:  # a type whose constructor takes other arguments
+        return cause
+
+
 @dataclass
 class ShardView:
     """What one client knows about one shard."""
@@ -132,10 +145,13 @@ class ShardSet:
             self.items_lost += lost
             log.warning(
                 "replay shard %d restarted with %d rows from its snapshot; %d rows inserted "
-                "after the snapshot were lost",
+                "after the snapshot were lost%s",
                 shard,
                 status.size,
                 lost,
+                f" (it skipped {status.snapshots_rejected} damaged snapshot(s))"
+                if status.snapshots_rejected
+                else "",
             )
             view.max_num_inserted_seen = 0
         view.status = status
@@ -254,7 +270,8 @@ class ShardSet:
 
         A shard that is down (restarting after its process died) is asked again until it
         answers or ``timeout_s`` has passed; then :class:`ReplayUnavailable` names the shard
-        and its state. Nothing here raises a raw Ray exception.
+        and its state; an error the shard raised is raised as it was. Nothing here raises a raw
+        Ray exception.
         """
         import ray
 
@@ -270,6 +287,8 @@ class ShardSet:
                 raise ReplayTimeout(
                     f"{what}: replay shard {shard} did not answer within {timeout_s}s"
                 ) from None
+            except ray.exceptions.RayTaskError as error:  # the shard's own error, unwrapped
+                raise shard_error(error) from None
             except actor_errors() as error:
                 self.mark_down(shard, error)
                 if time.monotonic() >= deadline:

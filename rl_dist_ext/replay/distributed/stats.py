@@ -74,6 +74,9 @@ class ReplayStats:
             "sample_wait_fraction": sampler.wait_s / sampling_for if sampling_for > 0 else 0.0,
             "stale_updates": sum(s.stale_updates for s in alive),
             "items_lost": shards.items_lost,
+            # damaged snapshot generations the shards skipped when they restarted (falling
+            # back to an older one, or starting empty: their rows count in items_lost)
+            "snapshots_rejected": sum(s.snapshots_rejected for s in alive),
             "shard_failures": shards.shard_failures,
             "priority_updates_lost": priorities.updates_lost,
             "adds_rerouted": inserter.adds_rerouted,

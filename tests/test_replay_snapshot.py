@@ -1,0 +1,376 @@
+"""Replay snapshots as data: round trips of every column kind, damage of every kind raising
+ReplaySnapshotCorrupt (never running code, never another error), fallback to the previous
+generation, refusal of old pickles and of columns that would need pickle."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import os
+import pickle
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+from hypothesis.extra import numpy as hnp
+
+from rl_dist_ext.replay import snapshot
+from rl_dist_ext.replay.compression import ObsCompression
+from rl_dist_ext.replay.convert_pickle_snapshot import main as convert_main
+from rl_dist_ext.replay.prioritized import PrioritizedReplay
+from rl_dist_ext.replay.shard import ReplayShardServer, ShardSpec
+
+NUMERIC = st.sampled_from(
+    [
+        "bool",
+        "int8",
+        "int16",
+        "int32",
+        "int64",
+        "uint8",
+        "uint16",
+        "uint32",
+        "uint64",
+        "float16",
+        "float32",
+        "float64",
+    ]
+)
+
+
+def column(rows: int):
+    """A numeric column of ``rows`` rows, any per-row shape (empty shapes and zero sizes too),
+    or a column of bytes objects (with None)."""
+    numeric = st.tuples(NUMERIC, hnp.array_shapes(min_dims=0, max_dims=3, min_side=0, max_side=3))
+    numeric = numeric.flatmap(
+        lambda spec: hnp.arrays(np.dtype(spec[0]), (rows, *spec[1]), elements=None)
+    )
+    blobs = st.lists(st.one_of(st.none(), st.binary(max_size=40)), min_size=rows, max_size=rows)
+    blobs = blobs.map(lambda values: _objects(values))
+    return st.one_of(numeric, blobs)
+
+
+def _objects(values: list) -> np.ndarray:
+    out = np.empty(len(values), dtype=object)
+    out[:] = values
+    return out
+
+
+TABLES = st.integers(0, 30).flatmap(
+    lambda rows: st.dictionaries(
+        st.text(min_size=1, max_size=8), column(rows), min_size=1, max_size=4
+    )
+)
+STATES = st.dictionaries(
+    st.text(max_size=5),
+    st.one_of(st.integers(-(2**130), 2**130), st.floats(allow_nan=False), st.text(), st.none()),
+    max_size=4,
+)
+
+
+def assert_columns_equal(got: dict, want: dict) -> None:
+    assert list(got) == list(want)
+    for name, values in want.items():
+        assert got[name].dtype == values.dtype.newbyteorder("="), name
+        assert got[name].shape == values.shape, name
+        if values.dtype.hasobject:
+            assert list(got[name]) == list(values), name
+        else:
+            np.testing.assert_array_equal(got[name], values, err_msg=name)
+
+
+@given(columns=TABLES, state=STATES)
+def test_every_column_kind_round_trips_exactly(columns, state):
+    with tempfile.TemporaryDirectory() as tmp:
+        location = os.path.join(tmp, "snap")
+        snapshot.write_snapshot(location, state, columns)
+        loaded = snapshot.read_snapshot(location)
+    assert loaded.state == state
+    assert_columns_equal(loaded.columns, columns)
+
+
+def test_a_large_column_is_written_in_bounded_record_batches(tmp_path, monkeypatch):
+    import pyarrow as pa
+
+    monkeypatch.setattr(snapshot, "CHUNK_BYTES", 10_000)
+    columns = {
+        "obs": np.arange(40_000, dtype=np.float32).reshape(10_000, 4),
+        "blob": _objects([bytes([i % 251]) * (i % 50) for i in range(10_000)]),
+    }
+    snapshot.write_snapshot(str(tmp_path / "s"), {}, columns)
+    (data,) = (tmp_path / "s").glob("*.arrow")
+    with pa.ipc.open_file(pa.memory_map(str(data))) as reader:
+        batches = [reader.get_batch(i) for i in range(reader.num_record_batches)]
+    assert len(batches) > 10
+    per_row = [16 + len(b) for b in columns["blob"]]
+    sizes = np.cumsum([0] + [b.num_rows for b in batches])
+    # every batch but a single-row one stays within the budget
+    assert all(sum(per_row[s:e]) <= 10_000 for s, e in itertools.pairwise(sizes))
+    assert_columns_equal(snapshot.read_snapshot(str(tmp_path / "s")).columns, columns)
+
+
+# ---- a replay's snapshot ------------------------------------------------------------------------
+
+
+def filled_replay(compression: ObsCompression | None = None) -> PrioritizedReplay:
+    replay = PrioritizedReplay(64, alpha=0.7, eps=1e-3, seed=3, compression=compression)
+    rng = np.random.default_rng(0)
+    for start in range(0, 100, 20):  # wraps around: slots no longer in insertion order
+        replay.add(
+            {
+                "obs": rng.integers(0, 255, (20, 6, 6), dtype=np.uint8),
+                "action": np.arange(start, start + 20),
+                "done": rng.random(20) < 0.1,
+            },
+            rng.uniform(0.1, 3.0, 20),
+        )
+    replay.update_priorities(replay.sample(16).keys, np.full(16, 5.0))
+    return replay
+
+
+@pytest.mark.parametrize("compression", [None, ObsCompression(columns=("obs",))])
+def test_a_replay_restored_from_its_snapshot_samples_exactly_as_the_original(tmp_path, compression):
+    original = filled_replay(compression)
+    state, columns = original.snapshot()
+    snapshot.write_snapshot(str(tmp_path / "s"), {"replay": state}, columns)
+    loaded = snapshot.read_snapshot(str(tmp_path / "s"))
+    restored = PrioritizedReplay(64, alpha=0.7, eps=1e-3, seed=99, compression=compression)
+    restored.load_snapshot(loaded.state["replay"], loaded.columns)
+    assert (restored.num_inserted, len(restored)) == (100, 64)
+    assert restored.total_priority == original.total_priority
+    for _ in range(3):  # the sampler's generator state came along
+        a, b = original.sample(32), restored.sample(32)
+        np.testing.assert_array_equal(a.keys, b.keys)
+        for name in a.batch:
+            np.testing.assert_array_equal(a.batch[name], b.batch[name])
+
+
+def test_save_refuses_a_column_that_would_need_pickle_and_names_it(tmp_path):
+    replay = PrioritizedReplay(8)
+    info = _objects([{"lives": 3}, {"lives": 2}])
+    replay.add({"obs": np.zeros((2, 3)), "info": info})
+    state, columns = replay.snapshot()
+    with pytest.raises(snapshot.SnapshotUnsupported, match=r"'row\.info' holds dict"):
+        snapshot.write_snapshot(str(tmp_path / "s"), {"replay": state}, columns)
+    with pytest.raises(snapshot.SnapshotUnsupported, match="dtype <U3"):
+        snapshot.write_snapshot(str(tmp_path / "s"), {}, {"name": np.array(["abc"])})
+    assert not list(tmp_path.rglob("*.json"))  # nothing was written
+
+
+# ---- damage --------------------------------------------------------------------------------------
+
+
+def one_generation(tmp_path: Path) -> tuple[str, Path, Path, dict]:
+    location = str(tmp_path / "s")
+    state, columns = filled_replay(ObsCompression(columns=("obs",))).snapshot()
+    snapshot.write_snapshot(location, {"replay": state}, columns)
+    (data,) = (tmp_path / "s").glob("*.arrow")
+    (header,) = (tmp_path / "s").glob("*.json")
+    return location, data, header, columns
+
+
+@given(cut=st.floats(0.0, 0.999))
+def test_a_truncated_data_file_is_reported_as_truncated(cut):
+    with tempfile.TemporaryDirectory() as tmp:
+        location, data, _, _ = one_generation(Path(tmp))
+        raw = data.read_bytes()
+        data.write_bytes(raw[: int(cut * len(raw))])
+        with pytest.raises(snapshot.ReplaySnapshotCorrupt) as error:
+            snapshot.read_snapshot(location)
+    assert error.value.reason == "truncated"
+    assert error.value.uri == str(data)
+
+
+@given(position=st.floats(0.0, 0.999), flip=st.integers(1, 255))
+def test_a_damaged_byte_anywhere_in_the_data_is_caught_or_harmless(position, flip):
+    """A byte changed anywhere: the read raises ReplaySnapshotCorrupt (checksum, format,
+    truncated or schema; never another error, never a crash: a flipped byte in Arrow's offsets
+    crashed the reader before it validated them), or, where the byte was padding Arrow never
+    reads, returns the exact columns."""
+    with tempfile.TemporaryDirectory() as tmp:
+        location, data, _, columns = one_generation(Path(tmp))
+        raw = bytearray(data.read_bytes())
+        raw[int(position * len(raw))] ^= flip
+        data.write_bytes(bytes(raw))
+        try:
+            loaded = snapshot.read_snapshot(location)
+        except snapshot.ReplaySnapshotCorrupt as error:
+            assert error.reason in {"checksum", "truncated", "schema", "format"}
+        else:
+            assert_columns_equal(loaded.columns, columns)
+
+
+@given(position=st.floats(0.0, 0.999), flip=st.integers(1, 255))
+def test_a_damaged_byte_anywhere_in_the_header_is_caught(position, flip):
+    with tempfile.TemporaryDirectory() as tmp:
+        location, _, header, _ = one_generation(Path(tmp))
+        raw = bytearray(header.read_bytes())
+        at = int(position * len(raw))
+        raw[at] ^= flip
+        header.write_bytes(bytes(raw))
+        try:
+            snapshot.read_snapshot(location)
+        except snapshot.ReplaySnapshotCorrupt as error:
+            assert error.reason in {"checksum", "truncated", "header", "version", "schema"}
+        else:  # only JSON whitespace can change without changing what it says
+            assert chr(raw[at]).isspace() and chr(raw[at] ^ flip).isspace()
+
+
+def rewrite_header(header: Path, **changes) -> None:
+    """Change header fields and give it a matching checksum (as a deliberate writer could)."""
+    content = json.loads(header.read_text())
+    content.update(changes)
+    content["header_crc32"] = snapshot._header_crc(content)
+    header.write_text(json.dumps(content))
+
+
+def test_a_newer_format_version_is_refused_by_name(tmp_path):
+    location, _, header, _ = one_generation(tmp_path)
+    rewrite_header(header, version=snapshot.VERSION + 1)
+    with pytest.raises(snapshot.ReplaySnapshotCorrupt, match="upgrade rl-dist-ext") as error:
+        snapshot.read_snapshot(location)
+    assert error.value.reason == "version"
+
+
+def test_a_header_whose_schema_does_not_match_the_data_is_refused(tmp_path):
+    location, _, header, _ = one_generation(tmp_path)
+    columns = json.loads(header.read_text())["columns"]
+    columns[0]["dtype"] = "<f8"
+    rewrite_header(header, columns=columns)
+    with pytest.raises(snapshot.ReplaySnapshotCorrupt) as error:
+        snapshot.read_snapshot(location)
+    assert error.value.reason == "schema"
+
+
+def test_a_consistent_snapshot_of_impossible_rows_is_refused_by_the_replay(tmp_path):
+    """Valid checksums around content no replay could hold (keys that name other slots):
+    the shard refuses it as corrupt and keeps its own rows."""
+    location = str(tmp_path / "s")
+    state, columns = filled_replay().snapshot()
+    columns = dict(columns, **{"key.insert_ids": columns["key.insert_ids"][::-1].copy()})
+    snapshot.write_snapshot(location, {"replay": state}, columns)
+    shard = ReplayShardServer(ShardSpec(shard_index=0, capacity=64, alpha=0.7, eps=1e-3))
+    asyncio.run(
+        shard.add(
+            {
+                "obs": np.zeros((3, 6, 6), np.uint8),
+                "action": np.arange(3),
+                "done": np.zeros(3, bool),
+            }
+        )
+    )
+    with pytest.raises(snapshot.ReplaySnapshotCorrupt, match="insert_ids") as error:
+        asyncio.run(shard.restore(location))
+    assert error.value.reason == "schema"
+    assert shard.status().size == 3
+
+
+class _Marker:
+    """A pickle that, when loaded, writes a file: what a crafted snapshot could do."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def __reduce__(self):
+        return (Path(self.path).write_text, ("the pickle ran",))
+
+
+def test_a_crafted_pickle_in_place_of_a_snapshot_is_refused_without_running(tmp_path):
+    marker = tmp_path / "ran"
+    crafted = pickle.dumps(_Marker(str(marker)))
+    (tmp_path / "shard_0.pkl").write_bytes(crafted)  # where rl-dist-ext 0.x kept it
+    with pytest.raises(snapshot.LegacyPickleSnapshot, match="convert_pickle_snapshot"):
+        snapshot.read_snapshot(str(tmp_path / "shard_0"))
+    (tmp_path / "in_place").write_bytes(crafted)  # the location itself a pickle file
+    with pytest.raises(snapshot.LegacyPickleSnapshot):
+        snapshot.read_snapshot(str(tmp_path / "in_place"))
+    shard = ReplayShardServer(ShardSpec(shard_index=0, capacity=8))
+    with pytest.raises(snapshot.LegacyPickleSnapshot):
+        asyncio.run(shard.restore(str(tmp_path / "shard_0")))
+    assert not marker.exists()
+
+
+def test_an_old_pickle_snapshot_converts_and_then_restores(tmp_path, capsys):
+    original = filled_replay()
+    (tmp_path / "shard_0.pkl").write_bytes(
+        pickle.dumps({"replay": original.state_dict(), "num_sampled": 0}, protocol=5)
+    )
+    assert convert_main([str(tmp_path)]) == 0
+    assert f"converted -> {tmp_path / 'shard_0'}" in capsys.readouterr().out
+    shard = ReplayShardServer(ShardSpec(shard_index=0, capacity=64, alpha=0.7, eps=1e-3))
+    status = asyncio.run(shard.restore(str(tmp_path / "shard_0")))
+    assert (status.size, status.num_inserted) == (64, 100)
+    assert status.total_priority == pytest.approx(original.total_priority)
+
+
+# ---- generations and fallback --------------------------------------------------------------------
+
+
+def shard_spec(tmp_path: Path) -> ShardSpec:
+    return ShardSpec(shard_index=0, capacity=100, snapshot_uri=str(tmp_path / "snap"))
+
+
+def rows(start: int, n: int) -> dict[str, np.ndarray]:
+    return {"obs": np.arange(start, start + n, dtype=np.float32)[:, None], "action": np.arange(n)}
+
+
+def test_the_previous_generation_is_kept_until_the_next_is_complete(tmp_path):
+    spec = shard_spec(tmp_path)
+
+    async def main():
+        shard = ReplayShardServer(spec)
+        for i in range(4):
+            await shard.add(rows(10 * i, 10))
+            await shard.snapshot_now()
+
+    asyncio.run(main())
+    names = sorted(p.name for p in (tmp_path / "snap").iterdir())
+    assert names == [f"{g:012d}.{s}" for g in (3, 4) for s in ("arrow", "json")]
+    # a write that died before its header: the location still reads the newest complete one
+    (tmp_path / "snap" / f"{5:012d}.arrow").write_bytes(b"half a file")
+    assert snapshot.read_snapshot(spec.snapshot_uri).state["replay"]["num_inserted"] == 40
+
+
+def test_a_restarting_shard_falls_back_past_damaged_snapshots_and_counts_them(tmp_path):
+    spec = shard_spec(tmp_path)
+
+    async def main():
+        shard = ReplayShardServer(spec)
+        for i in range(2):
+            await shard.add(rows(10 * i, 10))
+            await shard.snapshot_now()
+
+    asyncio.run(main())
+    newest = sorted((tmp_path / "snap").glob("*.arrow"))[-1]
+    newest.write_bytes(newest.read_bytes()[:100])
+    restarted = ReplayShardServer(spec, restore_snapshot=True)
+    status = restarted.status()
+    assert (status.size, status.restored_num_inserted, status.snapshots_rejected) == (10, 10, 1)
+
+    for data in (tmp_path / "snap").glob("*.arrow"):
+        data.write_bytes(b"")
+    empty = ReplayShardServer(spec, restore_snapshot=True).status()
+    assert (empty.size, empty.restored_num_inserted, empty.snapshots_rejected) == (0, 0, 2)
+
+
+def test_an_explicit_restore_of_a_damaged_snapshot_raises_and_keeps_the_rows(tmp_path):
+    spec = shard_spec(tmp_path)
+
+    async def main():
+        shard = ReplayShardServer(spec)
+        await shard.add(rows(0, 10))
+        await shard.snapshot_now()
+        await shard.add(rows(10, 10))
+        await shard.snapshot_now()
+        newest = sorted((tmp_path / "snap").glob("*.arrow"))[-1]
+        newest.write_bytes(newest.read_bytes()[:-10])
+        with pytest.raises(snapshot.ReplaySnapshotCorrupt, match=newest.name) as error:
+            await shard.restore(spec.snapshot_uri)
+        assert error.value.reason == "truncated"
+        assert shard.status().size == 20
+
+    asyncio.run(main())
