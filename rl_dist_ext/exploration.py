@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from rl_dist_ext.validation import check_int
+from rl_dist_ext.validation import check_int, check_real
 
 #: The paper's ladder: ``eps = 0.4``, ``alpha = 7`` (the defaults of both adapters).
 EPSILON_BASE = 0.4
@@ -25,10 +25,8 @@ def apex_epsilons(
             ``alpha`` is negative.
     """
     num_actors = check_int("num_actors", num_actors, 1)
-    if not 0.0 <= base <= 1.0:
-        raise ValueError(f"base must be in [0, 1], got {base!r}")
-    if not alpha >= 0.0:
-        raise ValueError(f"alpha must be >= 0, got {alpha!r}")
+    check_real("base", base, low=0.0, high=1.0)
+    check_real("alpha", alpha, low=0.0)
     if num_actors == 1:
         return np.array([base], dtype=np.float64)
     exponents = 1.0 + np.arange(num_actors, dtype=np.float64) / (num_actors - 1) * alpha

@@ -46,7 +46,7 @@ from rl_dist_ext.replay.distributed import (
     DistributedReplayConfig,
     check_snapshot_dir_reachable,
 )
-from rl_dist_ext.validation import check_int, check_setting_names
+from rl_dist_ext.validation import check_int, check_real, check_setting_names
 from rl_dist_ext.weight_compression import check_encoding
 from rllib_plugins.central_inference import (
     CentralInferenceSettingsMixin,
@@ -298,10 +298,8 @@ class GorilaDQNConfig(CentralInferenceSettingsMixin, DQNConfig):
                 "counts its target period in gradient updates; set "
                 "training(target_update_every_n_updates=...) instead"
             )
-        if not 0.0 <= self.epsilon_base <= 1.0:
-            raise ValueError(f"epsilon_base must be in [0, 1], got {self.epsilon_base!r}")
-        if not self.epsilon_alpha >= 0.0:
-            raise ValueError(f"epsilon_alpha must be >= 0, got {self.epsilon_alpha!r}")
+        check_real("epsilon_base", self.epsilon_base, low=0.0, high=1.0)
+        check_real("epsilon_alpha", self.epsilon_alpha, low=0.0)
         check_encoding(self.weights_encoding)
         if self.num_atoms != 1:
             raise ValueError(

@@ -11,6 +11,9 @@ errors become priorities is :mod:`rl_dist_ext.ops.dqn`.
 
 from __future__ import annotations
 
+import math
+import numbers
+
 from typing import TYPE_CHECKING, TypeVar
 
 import numpy as np
@@ -91,8 +94,13 @@ def importance_weights(
 
 
 def validate_alpha_eps(alpha: float, eps: float) -> None:
-    """Raise ``ValueError`` unless ``alpha >= 0`` and ``eps > 0`` (the priority exponents)."""
-    if not alpha >= 0.0:
-        raise ValueError(f"alpha must be >= 0, got {alpha!r}")
-    if not eps > 0.0:
-        raise ValueError(f"eps must be > 0, got {eps!r}")
+    """Raise ``ValueError`` unless ``alpha`` is a finite real >= 0 and ``eps`` one > 0 (the
+    priority exponents)."""
+    if not _real(alpha) or not 0.0 <= alpha < math.inf:
+        raise ValueError(f"alpha must be a finite real number >= 0, got {alpha!r}")
+    if not _real(eps) or not 0.0 < eps < math.inf:
+        raise ValueError(f"eps must be a finite real number > 0, got {eps!r}")
+
+
+def _real(value: object) -> bool:
+    return isinstance(value, numbers.Real) and not isinstance(value, bool)

@@ -79,7 +79,7 @@ class ObsCompression:
             )
         if BLOB_COLUMN in self.columns:
             raise ValueError(f"ObsCompression.columns may not include {BLOB_COLUMN!r}")
-        if self.codec not in _CODEC_PACKAGES:
+        if not isinstance(self.codec, str) or self.codec not in _CODEC_PACKAGES:
             raise ValueError(
                 f"ObsCompression.codec must be one of {sorted(_CODEC_PACKAGES)}, got {self.codec!r}"
             )

@@ -95,7 +95,12 @@ class DistributedReplayConfig:
 
     def __post_init__(self) -> None:
         check_int("num_shards", self.num_shards, 1)
-        check_int("capacity", self.capacity, self.num_shards)
+        check_int("capacity", self.capacity, 1)
+        if self.capacity < self.num_shards:
+            raise ValueError(
+                f"capacity ({self.capacity}) must be >= num_shards ({self.num_shards}): every "
+                "shard holds at least one row"
+            )
         validate_alpha_eps(self.alpha, self.eps)
         check_real("beta", self.beta, low=0.0, high=1.0)
         check_int("min_size_to_sample", self.min_size_to_sample, 1)
