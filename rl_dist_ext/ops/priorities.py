@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import math
 import numbers
-
 from typing import TYPE_CHECKING, TypeVar
 
 import numpy as np
