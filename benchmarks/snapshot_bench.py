@@ -13,8 +13,9 @@ Each (replay, format, save/restore) runs in a process of its own, so one measure
 memory does not hide the next one's. A save starts with the replay built; a restore starts
 with nothing and ends with the restored replay (it loads into a fresh one, as a restarting
 shard does). Memory is the process's resident set (RSS, anonymous plus file-backed pages;
-sampled every 2 ms): *extra* is the peak during the operation above the larger of its start and
-its end, i.e. what the operation needs beyond the replay itself. The pickle format is measured
+sampled every 2 ms): *extra* is the peak during the operation above its start (save) or its end
+(restore: the restored replay), i.e. what the operation needs beyond the replay itself. The
+pickle format is measured
 as rl-dist-ext 0.x did it: ``pickle.dump(state_dict, protocol=5)`` into the file stream, and
 ``pickle.loads(stream.read())`` then ``load_state_dict``. Local disk, warm page cache.
 
@@ -26,6 +27,7 @@ Writes ``benchmarks/results/snapshot_bench.{json,md}``. Usage::
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import pickle
@@ -114,8 +116,13 @@ def fresh(kind: str, rows: int):
 
 
 def measure(kind: str, fmt: str, op: str, path: str, rows: int, frames: int) -> dict:
-    """One measurement, in this process."""
+    """One measurement, in this process (pyarrow imported before it, as in a shard that runs
+    on Ray, which imports it)."""
+    import pyarrow as pa
     import pyarrow.fs as pafs
+    import pyarrow.ipc
+
+    pa.array([1, 2]).to_numpy()
 
     from rl_dist_ext.replay import snapshot
 
@@ -150,7 +157,8 @@ def measure(kind: str, fmt: str, op: str, path: str, rows: int, frames: int) -> 
             seconds = time.perf_counter() - start
         size, stored = 0, replay.nbytes
         assert len(replay) == rows
-    base = max(memory.start, memory.end)
+    # save: above where it started; restore: above the restored replay it ends with
+    base = memory.start if op == "save" else memory.end
     return {
         "replay": kind,
         "format": fmt,
@@ -164,11 +172,19 @@ def measure(kind: str, fmt: str, op: str, path: str, rows: int, frames: int) -> 
     }
 
 
+def spread(runs: list[dict], key: str) -> str:
+    """The median of the runs' ``key``, with their range."""
+    values = sorted(r[key] for r in runs)
+    median = values[len(values) // 2]
+    return f"{median} ({values[0]}-{values[-1]})" if len(values) > 1 else f"{median}"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--cartpole-rows", type=int, default=1_000_000)
     parser.add_argument("--pong-rows", type=int, default=100_000)
     parser.add_argument("--pong-frames", type=int, default=4_000)
+    parser.add_argument("--repeats", type=int, default=3, help="processes per measurement")
     parser.add_argument("--one", help=argparse.SUPPRESS)  # internal: kind,fmt,op,path,rows
     args = parser.parse_args()
     if args.one:
@@ -180,7 +196,7 @@ def main() -> None:
         for kind, rows in (("cartpole", args.cartpole_rows), ("pong", args.pong_rows)):
             for fmt in ("arrow", "pickle"):
                 path = os.path.join(tmp, f"{kind}-{fmt}")
-                for op in ("save", "restore"):
+                for op, _ in itertools.product(("save", "restore"), range(args.repeats)):
                     out = subprocess.run(
                         [
                             sys.executable,
@@ -202,8 +218,10 @@ def main() -> None:
         "# Replay snapshots: Arrow IPC + JSON header vs the 0.x pickle",
         "",
         f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, local disk, warm "
-        "page cache; each measurement in a fresh process. *Extra*: peak RSS during the operation "
-        "above the larger of its start and end (what it needs beyond the replay).",
+        "page cache; each measurement in a fresh process (pyarrow imported), "
+        f"median (range) of {args.repeats}. *Extra*: peak RSS "
+        "during the operation above its start (save) or the restored replay (restore): what it "
+        "needs beyond the replay. The current format's save includes flushing the file to disk.",
         "",
         "| replay | rows | replay MiB | format | file MiB | save s | save extra MiB "
         "| restore s | restore extra MiB |",
@@ -212,13 +230,14 @@ def main() -> None:
     for kind in ("cartpole", "pong"):
         for fmt in ("arrow", "pickle"):
             save, restore = (
-                next(r for r in results if (r["replay"], r["format"], r["op"]) == (kind, fmt, op))
+                [r for r in results if (r["replay"], r["format"], r["op"]) == (kind, fmt, op)]
                 for op in ("save", "restore")
             )
             lines.append(
-                f"| {kind} | {rows_of[kind]:,} | {save['replay_mib']} | {fmt} | "
-                f"{save['file_mib']} | {save['seconds']} | {save['peak_extra_mib']} | "
-                f"{restore['seconds']} | {restore['peak_extra_mib']} |"
+                f"| {kind} | {rows_of[kind]:,} | {save[0]['replay_mib']} | {fmt} | "
+                f"{save[0]['file_mib']} | {spread(save, 'seconds')} | "
+                f"{spread(save, 'peak_extra_mib')} | {spread(restore, 'seconds')} | "
+                f"{spread(restore, 'peak_extra_mib')} |"
             )
     report = {"args": vars(args), "machine": platform.platform(), "results": results}
     write_results(RESULTS / "snapshot_bench", report, lines)

@@ -47,7 +47,7 @@ import numpy as np
 FORMAT = "rl-dist-ext replay snapshot"
 VERSION = 1
 #: Most bytes of rows one record batch holds while a snapshot is written.
-CHUNK_BYTES = 64 * 2**20
+CHUNK_BYTES = 16 * 2**20
 #: Generations a location keeps: the newest complete one and the one before it.
 KEEP = 2
 _NAME = re.compile(r"^(\d{12})\.(arrow|json)$")
@@ -260,13 +260,17 @@ def _chunks(columns: Mapping[str, np.ndarray], rows: int) -> Iterator[tuple[int,
     if rows == 0:
         yield 0, 0
         return
-    row_bytes = np.zeros(rows, dtype=np.int64)
-    for column in columns.values():
-        if column.dtype.hasobject:
-            row_bytes += np.fromiter((0 if x is None else len(x) for x in column), np.int64, rows)
-        else:
-            row_bytes += column[:1].nbytes
-    ends = np.cumsum(row_bytes)
+    fixed = sum(c[:1].nbytes for c in columns.values() if not c.dtype.hasobject)
+    blobs = [c for c in columns.values() if c.dtype.hasobject]
+    if not blobs:  # every row the same size
+        step = max(1, CHUNK_BYTES // max(fixed, 1))
+        for start in range(0, rows, step):
+            yield start, min(start + step, rows)
+        return
+    ends = np.full(rows, fixed, dtype=np.int64)
+    for column in blobs:
+        ends += np.fromiter((0 if x is None else len(x) for x in column), np.int64, rows)
+    np.cumsum(ends, out=ends)
     start = 0
     while start < rows:
         base = ends[start - 1] if start else 0
@@ -293,7 +297,15 @@ def _encode(column: Mapping[str, Any], values: np.ndarray, crc: int):
     import pyarrow as pa
 
     if column["dtype"] == BYTES:
-        array = pa.array(values, type=pa.large_binary())
+        if any(value is None for value in values):
+            array = pa.array(values, type=pa.large_binary())
+        else:  # one copy of the chunk's bytes (Arrow's builder would grow by doubling)
+            offsets = np.zeros(len(values) + 1, dtype=np.int64)
+            np.cumsum([len(value) for value in values], out=offsets[1:])
+            data = pa.py_buffer(b"".join(values))
+            array = pa.LargeBinaryArray.from_buffers(
+                pa.large_binary(), len(values), [None, pa.py_buffer(offsets), data]
+            )
         return array, _binary_crc(array, crc)
     values = np.ascontiguousarray(values, dtype=np.dtype(column["dtype"]))
     crc = zlib.crc32(values.view(np.uint8).reshape(-1) if values.size else b"", crc)
@@ -322,20 +334,23 @@ def _binary_crc(array, crc: int) -> int:
 
 
 class _output:
-    """A data file's output stream; a local one is flushed to disk when closed."""
+    """A data file's output stream; a local one is flushed to disk (``fsync``) once closed."""
 
     def __init__(self, fs, path: str) -> None:
-        self._local = _is_local_fs(fs)
-        self._file = open(path, "wb") if self._local else fs.open_output_stream(path)  # noqa: SIM115
+        self._path = path if _is_local_fs(fs) else None
+        self._file = fs.open_output_stream(path)
 
     def __enter__(self):
         return self._file
 
     def __exit__(self, *exc) -> None:
-        if self._local:
-            self._file.flush()
-            os.fsync(self._file.fileno())
         self._file.close()
+        if self._path is not None:
+            fd = os.open(self._path, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
 
 
 def _is_local_fs(fs) -> bool:
