@@ -93,15 +93,14 @@ def test_every_column_kind_round_trips_exactly(columns, state):
     assert_columns_equal(loaded.columns, columns)
 
 
-def test_a_large_column_is_written_in_bounded_record_batches(tmp_path, monkeypatch):
+def test_a_large_column_is_written_in_bounded_record_batches(tmp_path):
     import pyarrow as pa
 
-    monkeypatch.setattr(snapshot, "CHUNK_BYTES", 10_000)
     columns = {
         "obs": np.arange(40_000, dtype=np.float32).reshape(10_000, 4),
         "blob": _objects([bytes([i % 251]) * (i % 50) for i in range(10_000)]),
     }
-    snapshot.write_snapshot(str(tmp_path / "s"), {}, columns)
+    snapshot.write_snapshot(str(tmp_path / "s"), {}, columns, chunk_bytes=10_000)
     (data,) = (tmp_path / "s").glob("*.arrow")
     with pa.ipc.open_file(pa.memory_map(str(data))) as reader:
         batches = [reader.get_batch(i) for i in range(reader.num_record_batches)]

@@ -37,22 +37,44 @@ import json
 import os
 import re
 import zlib
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from rl_dist_ext.replay.snapshot_columns import (
+    CHUNK_BYTES,
+    SnapshotUnsupported,
+    check_header_column,
+    column_schema,
+    read_columns,
+    write_columns,
+)
+
+__all__ = [
+    "CHUNK_BYTES",
+    "Generation",
+    "LegacyPickleSnapshot",
+    "ReplaySnapshotCorrupt",
+    "Snapshot",
+    "SnapshotUnsupported",
+    "generations",
+    "is_local",
+    "join",
+    "read_snapshot",
+    "read_text",
+    "resolve",
+    "write_snapshot",
+    "write_text",
+]
+
 FORMAT = "rl-dist-ext replay snapshot"
 VERSION = 1
-#: Most bytes of rows one record batch holds while a snapshot is written.
-CHUNK_BYTES = 16 * 2**20
 #: Generations a location keeps: the newest complete one and the one before it.
 KEEP = 2
 _NAME = re.compile(r"^(\d{12})\.(arrow|json)$")
-_NUMERIC_KINDS = "biuf"  # bool, signed and unsigned integers, floats
-BYTES = "bytes"  # the header's dtype of a column of bytes objects (compressed observations)
 
 
 class ReplaySnapshotCorrupt(Exception):
@@ -81,10 +103,6 @@ class LegacyPickleSnapshot(ReplaySnapshotCorrupt):
             f"`python -m rl_dist_ext.replay.convert_pickle_snapshot {uri}`"
         )
         super().__init__(uri, reason, detail)
-
-
-class SnapshotUnsupported(TypeError):
-    """A replay column the snapshot format cannot hold (it would need pickle)."""
 
 
 @dataclass
@@ -180,28 +198,23 @@ def _legacy(uri: str) -> str | None:
 
 
 # ---- writing ------------------------------------------------------------------------------------
-def write_snapshot(uri: str, state: Mapping[str, Any], columns: Mapping[str, np.ndarray]) -> int:
+def write_snapshot(
+    uri: str,
+    state: Mapping[str, Any],
+    columns: Mapping[str, np.ndarray],
+    *,
+    chunk_bytes: int = CHUNK_BYTES,
+) -> int:
     """Write a new generation at the location ``uri``; returns its number. ``columns`` are read,
-    not copied (the caller keeps them unchanged until this returns)."""
-    import pyarrow as pa
-
-    schema, rows = _schema(columns)
+    not copied (the caller keeps them unchanged until this returns); ``chunk_bytes`` bounds a
+    record batch."""
+    schema, rows = column_schema(columns)
     fs, path = _filesystem(uri)
     fs.create_dir(path, recursive=True)
-    existing = _generations(fs, path)
-    generation = max(existing, default=0) + 1
+    generation = max(_generations(fs, path), default=0) + 1
     data = _file(path, generation, "arrow")
-    crcs = {name: 0 for name in columns}
-    arrow_schema = pa.schema([pa.field(c["name"], _arrow_type(c)) for c in schema])
-    with _output(fs, data) as sink, pa.ipc.new_file(sink, arrow_schema) as writer:
-        for start, stop in _chunks(columns, rows):
-            arrays = []
-            for c in schema:
-                array, crcs[c["name"]] = _encode(c, columns[c["name"]][start:stop], crcs[c["name"]])
-                arrays.append(array)
-            writer.write_batch(pa.record_batch(arrays, schema=arrow_schema))
-    for c in schema:
-        c["crc32"] = crcs[c["name"]]
+    with _output(fs, data) as sink:
+        write_columns(sink, schema, columns, rows, chunk_bytes)
     header = {
         "format": FORMAT,
         "version": VERSION,
@@ -216,121 +229,6 @@ def write_snapshot(uri: str, state: Mapping[str, Any], columns: Mapping[str, np.
     _write_header(fs, _file(path, generation, "json"), json.dumps(header, indent=1))
     _prune(fs, path, generation)
     return generation
-
-
-def _schema(columns: Mapping[str, np.ndarray]) -> tuple[list[dict], int]:
-    """The header's column list; refuses what would need pickle."""
-    schema, rows = [], None
-    for name, column in columns.items():
-        if not isinstance(column, np.ndarray) or column.ndim < 1:
-            raise SnapshotUnsupported(f"replay column {name!r} is not an array with a row axis")
-        if rows is None:
-            rows = column.shape[0]
-        elif column.shape[0] != rows:
-            raise SnapshotUnsupported(
-                f"replay column {name!r} has {column.shape[0]} rows, not {rows}"
-            )
-        if column.dtype.hasobject:
-            if column.ndim != 1:
-                raise SnapshotUnsupported(
-                    f"replay column {name!r} holds Python objects in shape {column.shape[1:]}; "
-                    "a snapshot stores object columns only as one bytes object per row"
-                )
-            bad = next((x for x in column if x is not None and type(x) is not bytes), None)
-            if bad is not None:
-                raise SnapshotUnsupported(
-                    f"replay column {name!r} holds {type(bad).__name__} objects; a snapshot "
-                    "stores numbers (bool, int, uint, float) and bytes only (anything else would "
-                    "need pickle): convert the column before adding it to the replay"
-                )
-            schema.append({"name": name, "dtype": BYTES, "shape": []})
-        elif column.dtype.kind in _NUMERIC_KINDS:
-            dtype = column.dtype.newbyteorder("=")
-            schema.append({"name": name, "dtype": dtype.str, "shape": list(column.shape[1:])})
-        else:
-            raise SnapshotUnsupported(
-                f"replay column {name!r} has dtype {column.dtype}; a snapshot stores numbers "
-                "(bool, int, uint, float) and bytes only"
-            )
-    return schema, rows or 0
-
-
-def _chunks(columns: Mapping[str, np.ndarray], rows: int) -> Iterator[tuple[int, int]]:
-    """Row ranges of at most CHUNK_BYTES each (at least one row; one empty range for no rows)."""
-    if rows == 0:
-        yield 0, 0
-        return
-    fixed = sum(c[:1].nbytes for c in columns.values() if not c.dtype.hasobject)
-    blobs = [c for c in columns.values() if c.dtype.hasobject]
-    if not blobs:  # every row the same size
-        step = max(1, CHUNK_BYTES // max(fixed, 1))
-        for start in range(0, rows, step):
-            yield start, min(start + step, rows)
-        return
-    ends = np.full(rows, fixed, dtype=np.int64)
-    for column in blobs:
-        ends += np.fromiter((0 if x is None else len(x) for x in column), np.int64, rows)
-    np.cumsum(ends, out=ends)
-    start = 0
-    while start < rows:
-        base = ends[start - 1] if start else 0
-        stop = max(start + 1, int(np.searchsorted(ends, base + CHUNK_BYTES, side="right")))
-        yield start, min(stop, rows)
-        start = stop
-
-
-def _arrow_type(column: Mapping[str, Any]):
-    import pyarrow as pa
-
-    if column["dtype"] == BYTES:
-        return pa.large_binary()
-    value = pa.from_numpy_dtype(np.dtype(column["dtype"]))
-    if not column["shape"]:
-        return value
-    if 0 in column["shape"]:  # rows of no values: Arrow's tensors need at least one
-        return pa.null()
-    return pa.fixed_shape_tensor(value, column["shape"])
-
-
-def _encode(column: Mapping[str, Any], values: np.ndarray, crc: int):
-    """(Arrow array, running CRC) for one chunk of a column."""
-    import pyarrow as pa
-
-    if column["dtype"] == BYTES:
-        if any(value is None for value in values):
-            array = pa.array(values, type=pa.large_binary())
-        else:  # one copy of the chunk's bytes (Arrow's builder would grow by doubling)
-            offsets = np.zeros(len(values) + 1, dtype=np.int64)
-            np.cumsum([len(value) for value in values], out=offsets[1:])
-            data = pa.py_buffer(b"".join(values))
-            array = pa.LargeBinaryArray.from_buffers(
-                pa.large_binary(), len(values), [None, pa.py_buffer(offsets), data]
-            )
-        return array, _binary_crc(array, crc)
-    values = np.ascontiguousarray(values, dtype=np.dtype(column["dtype"]))
-    crc = zlib.crc32(values.view(np.uint8).reshape(-1) if values.size else b"", crc)
-    if not column["shape"]:
-        return pa.array(values), crc
-    if 0 in column["shape"]:
-        return pa.nulls(len(values)), crc
-    flat = pa.array(values.reshape(-1))
-    storage = pa.FixedSizeListArray.from_arrays(flat, int(np.prod(column["shape"])))
-    return pa.ExtensionArray.from_storage(_arrow_type(column), storage), crc
-
-
-def _binary_crc(array, crc: int) -> int:
-    """CRC of a bytes column chunk: its null mask, the values' lengths, then their bytes."""
-    n = len(array)
-    if n == 0:
-        return crc
-    nulls = np.asarray(array.is_null(), dtype=np.uint8)
-    offsets = np.frombuffer(array.buffers()[1], dtype=np.int64)[array.offset : array.offset + n + 1]
-    data = array.buffers()[2]
-    crc = zlib.crc32(nulls, crc)
-    crc = zlib.crc32(np.diff(offsets).astype("<i8"), crc)
-    if data is not None and offsets[-1] > offsets[0]:
-        crc = zlib.crc32(memoryview(data)[offsets[0] : offsets[-1]], crc)
-    return crc
 
 
 class _output:
@@ -394,15 +292,6 @@ def _header_crc(header: Mapping[str, Any]) -> int:
 
 
 # ---- reading ------------------------------------------------------------------------------------
-def has_snapshot(uri: str) -> bool:
-    """Whether the location ``uri`` holds a generation with a header (complete or not), or an
-    earlier version's pickle."""
-    if _legacy(uri) is not None:
-        return True
-    fs, path = _filesystem(uri)
-    return any("json" in kinds for kinds in _generations(fs, path).values())
-
-
 class Generation:
     """One numbered generation at a location; :meth:`read` loads and checks it."""
 
@@ -441,6 +330,8 @@ def read_snapshot(uri: str) -> Snapshot | None:
 
 
 def _read_generation(fs, path: str, generation: int, uri: str) -> Snapshot:
+    import pyarrow as pa
+
     header_file = _file(path, generation, "json")
     header = _read_header(fs, header_file, uri)
     data_file = _file(path, generation, "arrow")
@@ -452,9 +343,10 @@ def _read_generation(fs, path: str, generation: int, uri: str) -> Snapshot:
         raise corrupt("truncated", "the data file is missing")
     if info.size != header["data_bytes"]:
         raise corrupt("truncated", f"{info.size} bytes, the header says {header['data_bytes']}")
-    columns = {c["name"]: c for c in header["columns"]}
     try:
-        arrays = _read_columns(fs, data_file, header, columns, corrupt)
+        source = pa.memory_map(data_file) if _is_local_fs(fs) else fs.open_input_file(data_file)
+        with source:
+            arrays = read_columns(source, header["columns"], header["rows"], corrupt)
     except ReplaySnapshotCorrupt:
         raise
     except Exception as error:  # Arrow's errors on damaged IPC data
@@ -506,75 +398,6 @@ def _check_header(header: Mapping[str, Any]) -> None:
             raise TypeError(f"{key} must be {kind.__name__}, got {header[key]!r}")
     if header["rows"] < 0:
         raise ValueError(f"rows must be >= 0, got {header['rows']}")
-    names = set()
-    for c in header["columns"]:
-        if not isinstance(c["name"], str) or c["name"] in names:
-            raise ValueError(f"column names must be distinct strings, got {c['name']!r}")
-        names.add(c["name"])
-        if not isinstance(c["crc32"], int):
-            raise TypeError(f"column {c['name']!r} crc32 must be int")
-        if c["dtype"] == BYTES:
-            if c["shape"] != []:
-                raise ValueError(f"bytes column {c['name']!r} must have shape []")
-            continue
-        if not isinstance(c["dtype"], str) or np.dtype(c["dtype"]).kind not in _NUMERIC_KINDS:
-            raise ValueError(f"column {c['name']!r} has dtype {c['dtype']!r}")
-        shape = c["shape"]
-        if not isinstance(shape, list) or not all(
-            isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape
-        ):
-            raise ValueError(f"column {c['name']!r} has shape {shape!r}")
-
-
-def _read_columns(fs, data_file: str, header, columns, corrupt) -> dict[str, np.ndarray]:
-    import pyarrow as pa
-
-    expected = pa.schema([pa.field(name, _arrow_type(c)) for name, c in columns.items()])
-    source = pa.memory_map(data_file) if _is_local_fs(fs) else fs.open_input_file(data_file)
-    with source, pa.ipc.open_file(source) as reader:
-        if not reader.schema.equals(expected):
-            raise corrupt("schema", f"the data's schema {reader.schema} is not the header's")
-        rows = header["rows"]
-        out = {
-            name: np.empty((rows, *c["shape"]), dtype=object if c["dtype"] == BYTES else c["dtype"])
-            for name, c in columns.items()
-        }
-        crcs = {name: 0 for name in columns}
-        at = 0
-        for i in range(reader.num_record_batches):
-            batch = reader.get_batch(i)
-            # Arrow trusts the buffers' offsets and lengths it reads: check them all before any
-            # value is touched (damaged offsets would read outside the file, or crash)
-            batch.validate(full=True)
-            n = batch.num_rows
-            if at + n > rows:
-                raise corrupt("schema", f"more than the header's {rows} rows")
-            for name, c in columns.items():
-                array = batch.column(name)
-                if c["dtype"] == BYTES:
-                    crcs[name] = _binary_crc(array, crcs[name])
-                    out[name][at : at + n] = array.to_numpy(zero_copy_only=False)
-                else:
-                    if array.null_count and 0 not in c["shape"]:  # a damaged validity bitmap
-                        raise corrupt("format", f"column {name!r} has null values")
-                    values = _numeric(array, c, n)
-                    crc_bytes = values.view(np.uint8).reshape(-1) if values.size else b""
-                    crcs[name] = zlib.crc32(crc_bytes, crcs[name])
-                    out[name][at : at + n] = values
-            at += n
-    if at != rows:
-        raise corrupt("truncated", f"{at} rows, the header says {rows}")
-    for name, c in columns.items():
-        if crcs[name] != c["crc32"]:
-            raise corrupt("checksum", f"column {name!r} does not match its checksum")
-    return out
-
-
-def _numeric(array, column: Mapping[str, Any], n: int) -> np.ndarray:
-    dtype = np.dtype(column["dtype"])
-    if not column["shape"]:
-        return np.ascontiguousarray(array.to_numpy(zero_copy_only=False), dtype=dtype)
-    if 0 in column["shape"]:
-        return np.empty((n, *column["shape"]), dtype=dtype)
-    flat = array.storage.flatten().to_numpy(zero_copy_only=False)
-    return np.ascontiguousarray(flat, dtype=dtype).reshape(n, *column["shape"])
+    names: set[str] = set()
+    for column in header["columns"]:
+        check_header_column(column, names)
