@@ -217,7 +217,12 @@ class InferenceServer:
 
     async def infer(self, caller: str, obs: np.ndarray, module: str = SINGLE) -> InferenceReply:
         """The policy's outputs for ``obs`` (``[N, *obs_shape]``), batched with other callers'
-        requests for the same ``module``."""
+        requests for the same ``module``.
+
+        A module's rows keep the shape and dtype of the first batch its policy took (a request
+        whose rows differ, or whose dtype does not cast to it within its kind, is refused with
+        a ``ValueError`` to its caller alone); a request the policy fails on fails only its
+        own caller: the batch it was in runs again request by request."""
         obs = np.asarray(obs)
         if obs.ndim < 1 or obs.shape[0] < 1:
             raise ValueError(f"obs must be [N, ...] with N >= 1, got shape {obs.shape}")

@@ -262,7 +262,12 @@ class InferenceCaller:
             try:
                 return ray.get(submit(), timeout=max(deadline - time.monotonic(), 0.1))
             except ray.exceptions.RayTaskError as error:  # the server refused this request
-                raise error.cause if error.cause is not None else error from None
+                cause = error.cause
+                if not isinstance(cause, BaseException) or isinstance(
+                    cause, ray.exceptions.RayError
+                ):
+                    cause = InferenceServerUnavailable(f"the inference server failed: {error}")
+                raise cause from None
             except (
                 ray.exceptions.RayActorError,
                 ray.exceptions.ActorUnavailableError,

@@ -381,6 +381,17 @@ def test_save_and_restore_round_trip(make_replay, tmp_path):
     replay.save(str(tmp_path / "ckpt"))
     assert (tmp_path / "ckpt" / "manifest.json").exists()
     before = replay.stats(wait=True)
+    # A later save into the same path that died before its manifest (every shard wrote a
+    # newer generation): a restore reads the generations the manifest names, never a mix.
+    import ray
+
+    from rl_dist_ext.replay.distributed.checkpoints import shard_file
+
+    replay.add(rows(120, 20))
+    replay.flush()
+    ray.get(
+        [h.save.remote(shard_file(str(tmp_path / "ckpt"), i)) for i, h in enumerate(replay.handles)]
+    )
 
     fresh = make_replay(num_shards=2, capacity=200, alpha=1.0)
     fresh.restore(str(tmp_path / "ckpt"))

@@ -306,6 +306,17 @@ def test_an_old_pickle_snapshot_converts_and_then_restores(tmp_path, capsys):
     assert status.total_priority == pytest.approx(original.total_priority)
 
 
+def test_an_old_pickle_named_without_pkl_converts_to_the_location_given(tmp_path, capsys):
+    (tmp_path / "replay").write_bytes(
+        pickle.dumps({"replay": filled_replay().state_dict(), "num_sampled": 0}, protocol=5)
+    )
+    with pytest.raises(SystemExit):  # the location would be the file itself
+        convert_main([str(tmp_path / "replay")])
+    assert "--to" in capsys.readouterr().err
+    assert convert_main([str(tmp_path / "replay"), "--to", str(tmp_path / "new")]) == 0
+    assert snapshot.read_snapshot(str(tmp_path / "new")).state["replay"]["num_inserted"] == 100
+
+
 # ---- generations and fallback --------------------------------------------------------------------
 
 
@@ -349,11 +360,136 @@ def test_a_restarting_shard_falls_back_past_damaged_snapshots_and_counts_them(tm
     restarted = ReplayShardServer(spec, restore_snapshot=True)
     status = restarted.status()
     assert (status.size, status.restored_num_inserted, status.snapshots_rejected) == (10, 10, 1)
+    # the damaged one is renamed aside: the restored generation stays the previous one after
+    # the next save (before, that save deleted it and kept the damaged one)
+    assert sorted(p.name for p in (tmp_path / "snap").glob("*.rejected")) == [
+        f"{2:012d}.arrow.rejected",
+        f"{2:012d}.json.rejected",
+    ]
+    asyncio.run(restarted.snapshot_now())
+    assert [g.number for g in snapshot.generations(spec.snapshot_uri)] == [3, 1]
 
     for data in (tmp_path / "snap").glob("*.arrow"):
         data.write_bytes(b"")
     empty = ReplayShardServer(spec, restore_snapshot=True).status()
     assert (empty.size, empty.restored_num_inserted, empty.snapshots_rejected) == (0, 0, 2)
+
+
+def test_headers_that_are_not_ours_or_unreadable_never_stop_a_restarting_shard(tmp_path):
+    """A checksum-valid header without its data file's name raised KeyError out of the
+    shard's constructor (a shard Ray could never restart); so did digits beyond Python's
+    integer limit and deep nesting."""
+    spec = shard_spec(tmp_path)
+
+    async def fill():
+        shard = ReplayShardServer(spec)
+        await shard.add(rows(0, 10))
+        await shard.snapshot_now()
+
+    for damage in (
+        lambda h: rewrite_header(h, data_file=None),
+        lambda h: h.write_text(
+            '{"format": "' + snapshot.FORMAT + '", "version": ' + "9" * 5000 + "}"
+        ),
+        lambda h: h.write_text("[" * 100_000 + "]" * 100_000),
+    ):
+        for leftover in (tmp_path / "snap").glob("*"):
+            leftover.unlink()
+        asyncio.run(fill())
+        (header,) = (tmp_path / "snap").glob("*.json")
+        damage(header)
+        status = ReplayShardServer(spec, restore_snapshot=True).status()
+        assert (status.size, status.snapshots_rejected) == (0, 1)
+
+
+def test_a_header_claiming_more_rows_than_its_file_holds_is_refused_before_allocating(tmp_path):
+    location, _, header, _ = one_generation(tmp_path)
+    rewrite_header(header, rows=10**10)
+    with pytest.raises(snapshot.ReplaySnapshotCorrupt, match="at least") as error:
+        snapshot.read_snapshot(location)
+    assert error.value.reason == "schema"
+    with pytest.raises(snapshot.ReplaySnapshotCorrupt, match="more than the 10 it may hold"):
+        snapshot.generations(location)[0].read(max_rows=10)
+
+
+def test_compressed_arrow_data_is_refused(tmp_path):
+    """Arrow decompresses IPC buffers on read: a few KB could claim hundreds of MB."""
+    import pyarrow as pa
+
+    location, data, header, _ = one_generation(tmp_path)
+    with pa.ipc.open_file(pa.BufferReader(data.read_bytes())) as reader:
+        table = reader.read_all()  # from memory: the file is rewritten below
+    with (
+        pa.OSFile(str(data), "wb") as sink,
+        pa.ipc.new_file(
+            sink, table.schema, options=pa.ipc.IpcWriteOptions(compression="zstd")
+        ) as writer,
+    ):
+        writer.write_table(table)
+    rewrite_header(header, data_bytes=data.stat().st_size)
+    with pytest.raises(snapshot.ReplaySnapshotCorrupt) as error:
+        snapshot.read_snapshot(location)
+    assert error.value.reason in {"format", "schema"}
+
+
+def test_a_snapshot_whose_compressed_layout_cannot_be_sampled_is_refused(tmp_path):
+    """A checksum-valid layout of shape [-1, 4] restored, then every sample raised."""
+    location = str(tmp_path / "s")
+    compression = ObsCompression(columns=("obs",))
+    state, columns = filled_replay(compression).snapshot()
+    state = dict(state, layout=[["obs", [-1, 4], "|u1"]])
+    snapshot.write_snapshot(location, {"replay": state}, columns)
+    shard = ReplayShardServer(
+        ShardSpec(shard_index=0, capacity=64, alpha=0.7, eps=1e-3, compression=compression)
+    )
+    with pytest.raises(snapshot.ReplaySnapshotCorrupt, match="layout"):
+        asyncio.run(shard.restore(location))
+
+
+def test_a_periodic_snapshot_that_fails_leaves_the_add_stored_and_counts_it(tmp_path):
+    """A column the format cannot hold made every add raise after storing its rows."""
+    spec = ShardSpec(
+        shard_index=0, capacity=100, snapshot_uri=str(tmp_path / "snap"), snapshot_every_inserts=1
+    )
+
+    async def main():
+        shard = ReplayShardServer(spec)
+        for i in range(3):
+            status = await shard.add({"name": np.array(["ab", "cd"]), "x": np.arange(2)})
+            assert (status.size, status.snapshot_failures) == (2 * (i + 1), i + 1)
+        with pytest.raises(snapshot.SnapshotUnsupported, match=r"'row\.name'"):
+            await shard.snapshot_now()  # asked for: raised
+
+    asyncio.run(main())
+
+
+def test_a_fresh_shards_first_snapshot_replaces_an_earlier_runs(tmp_path):
+    spec = shard_spec(tmp_path)
+
+    async def run(start: int):
+        shard = ReplayShardServer(spec)  # a fresh run, not a restart
+        await shard.add(rows(start, 10))
+        await shard.snapshot_now()
+
+    asyncio.run(run(0))
+    asyncio.run(run(100))
+    (only,) = snapshot.generations(spec.snapshot_uri)
+    assert only.read().columns["row.obs"][0, 0] == 100  # the earlier run's rows are gone
+
+
+def test_an_aborted_restore_drops_what_it_prepared(tmp_path):
+    spec = shard_spec(tmp_path)
+
+    async def main():
+        shard = ReplayShardServer(spec)
+        await shard.add(rows(0, 10))
+        await shard.snapshot_now()
+        await shard.prepare_restore(spec.snapshot_uri)
+        await shard.abort_restore()
+        with pytest.raises(RuntimeError, match="no prepared restore"):
+            await shard.commit_restore()
+
+    asyncio.run(main())
 
 
 def test_an_explicit_restore_of_a_damaged_snapshot_raises_and_keeps_the_rows(tmp_path):

@@ -139,18 +139,23 @@ def test_tune_runs_two_vtrace_trials_by_name(ray_session, tmp_path):
     bundles = VTrace.default_resource_request(small_config()).bundles
     assert sum(b["CPU"] for b in bundles) <= 1.0
     assert bundles[-1] == {"CPU": 0.1}  # the inference server's own bundle
+
+    def served(trial_id: str, result: dict) -> bool:
+        """Stop once the trial's inference server has answered its runner (an iteration can
+        end before the first answer: IMPALA samples asynchronously; a run here failed so),
+        or after 5 iterations."""
+        return result["central_inference"]["num_requests"] > 0 or result["training_iteration"] >= 5
+
     tuner = tune.Tuner(
         "VTrace",
         param_space=config,
-        run_config=tune.RunConfig(
-            stop={"training_iteration": 1}, storage_path=str(tmp_path), verbose=0
-        ),
+        run_config=tune.RunConfig(stop=served, storage_path=str(tmp_path), verbose=0),
     )
     results = tuner.fit()
     assert len(results) == 2
     assert not results.errors
     assert sorted(result.config["lr"] for result in results) == [5e-4, 1e-3]
     for result in results:
-        assert result.metrics["training_iteration"] == 1
+        assert 1 <= result.metrics["training_iteration"] <= 5
         assert result.metrics["central_inference"]["num_callers"] == 1
         assert result.metrics["central_inference"]["requests_per_s"] > 0

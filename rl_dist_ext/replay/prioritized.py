@@ -310,13 +310,19 @@ class PrioritizedReplay:
                 f"state was saved with compression={state.get('compression')!r}, this replay "
                 f"has compression={self._compression!r}"
             )
+        max_priority = float(state["max_priority"])
+        if not 0.0 <= max_priority < np.inf:
+            raise ValueError(f"state max_priority must be finite and >= 0, got {max_priority}")
+        priorities = np.asarray(state["priorities"], dtype=np.float64)
+        size = min(int(state["storage"]["num_inserted"]), self._capacity)
+        if priorities.shape != (size,) or not (np.isfinite(priorities) & (priorities >= 0)).all():
+            raise ValueError(f"state priorities must be {size} finite values >= 0")
         self._storage.load_state_dict(state["storage"])
         self._layout = state.get("layout")
         leaves = np.zeros(self._capacity, dtype=np.float64)
-        priorities = np.asarray(state["priorities"], dtype=np.float64)
-        leaves[: priorities.shape[0]] = priorities
+        leaves[:size] = priorities
         self._tree.load_state_dict({"leaves": leaves})
-        self._max_priority = float(state["max_priority"])
+        self._max_priority = max_priority
         self._stale_updates = int(state["stale_updates"])
         self._rng.bit_generator.state = state["rng"]
 
@@ -360,10 +366,16 @@ class PrioritizedReplay:
             layout = tuple(
                 codec.ColumnLayout(name, tuple(shape), dtype) for name, shape, dtype in layout
             )
+            names = tuple(column.name for column in layout)
+            if compression is None or names != compression.columns:
+                raise ValueError(f"snapshot layout names {names}, not the compressed columns")
             for column in layout:
-                if not isinstance(column.name, str) or not isinstance(column.dtype, str):
-                    raise TypeError(f"snapshot layout {state['layout']!r} is malformed")
-                np.dtype(column.dtype)
+                if (
+                    not isinstance(column.dtype, str)
+                    or np.dtype(column.dtype).kind not in "biuf"
+                    or not all(type(d) is int and d >= 0 for d in column.shape)
+                ):
+                    raise ValueError(f"snapshot layout {state['layout']!r} is malformed")
         rows = {k[len(ROW_PREFIX) :]: v for k, v in columns.items() if k.startswith(ROW_PREFIX)}
         if set(columns) - {*(ROW_PREFIX + k for k in rows), INSERT_IDS, PRIORITIES}:
             raise ValueError(f"unknown snapshot columns {sorted(columns)}")

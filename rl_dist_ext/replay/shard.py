@@ -58,6 +58,11 @@ class ShardStatus(NamedTuple):
     #: damaged snapshot generations this incarnation skipped when it restarted (it fell back to
     #: an older one, or started empty)
     snapshots_rejected: int = 0
+    #: periodic snapshots that failed (the storage, or a column the format cannot hold): the
+    #: adds that triggered them stored their rows; a restart would lose the rows since the last
+    snapshot_failures: int = 0
+    #: the generation this shard's last save() or snapshot wrote (0: none yet)
+    saved_generation: int = 0
 
 
 class ShardSample(NamedTuple):
@@ -77,7 +82,7 @@ class ShardSpec:
     eps: float = PER_EPS
     seed: int | None = None
     rate_limit: RateLimit = field(default_factory=RateLimit)
-    snapshot_uri: str | None = None  # file this shard snapshots to and restores from
+    snapshot_uri: str | None = None  # location this shard snapshots to and restores from
     snapshot_every_inserts: int | None = None
     snapshot_every_s: float | None = None
     timeout_s: float = 60.0
@@ -90,7 +95,8 @@ class ReplayShardServer:
     Args:
         spec: the shard's settings.
         restore_snapshot: load ``spec.snapshot_uri`` if it exists (the Ray wrapper passes
-            ``True`` when Ray restarted the actor; a fresh shard overwrites an old snapshot).
+            ``True`` when Ray restarted the actor; a fresh shard's first snapshot replaces what
+            the location held).
     """
 
     def __init__(self, spec: ShardSpec, *, restore_snapshot: bool = False) -> None:
@@ -108,9 +114,15 @@ class ReplayShardServer:
         self._inserts_at_snapshot = 0
         self._last_snapshot_time = time.monotonic()
         self._snapshots_rejected = 0
+        self._snapshot_failures = 0
+        self._saved_generation = 0
         self._prepared: PrioritizedReplay | None = None
+        # A fresh shard's first snapshot replaces what the location holds (another run's rows,
+        # which must not come back as a fallback); later ones keep the previous generation.
+        self._keep_previous_snapshot = False
         if restore_snapshot and spec.snapshot_uri is not None:
             replay = self._read(spec.snapshot_uri, fall_back=True)
+            self._keep_previous_snapshot = True
             if replay is not None:
                 self._adopt(replay)
 
@@ -186,6 +198,8 @@ class ReplayShardServer:
             storage_bytes=self._replay.nbytes,
             uncompressed_row_bytes=self._replay.uncompressed_row_bytes,
             snapshots_rejected=self._snapshots_rejected,
+            snapshot_failures=self._snapshot_failures,
+            saved_generation=self._saved_generation,
         )
 
     async def save(self, uri: str) -> ShardStatus:
@@ -193,20 +207,27 @@ class ReplayShardServer:
         self._write(uri)
         return self.status()
 
-    async def restore(self, uri: str) -> ShardStatus:
-        """Load the newest snapshot at the location ``uri``: ``FileNotFoundError`` if there is
-        none, :class:`~rl_dist_ext.replay.snapshot.ReplaySnapshotCorrupt` if it is damaged (the
-        shard keeps its rows then)."""
-        await self.prepare_restore(uri)
+    async def restore(self, uri: str, generation: int | None = None) -> ShardStatus:
+        """Load the newest snapshot at the location ``uri`` (or its ``generation``):
+        ``FileNotFoundError`` if there is none, :class:`~rl_dist_ext.replay.snapshot.
+        ReplaySnapshotCorrupt` if it is damaged (the shard keeps its rows then)."""
+        await self.prepare_restore(uri, generation)
         return await self.commit_restore()
 
-    async def prepare_restore(self, uri: str) -> ShardStatus:
+    async def prepare_restore(self, uri: str, generation: int | None = None) -> ShardStatus:
         """The first half of :meth:`restore`: read and check the snapshot, keep it aside (the
         shard serves its own rows meanwhile). A checkpoint of several shards is prepared on
-        every shard before any commits, so a damaged one leaves them all as they were."""
-        replay = self._read(uri, fall_back=False)
+        every shard before any commits, so a damaged one leaves them all as they were; it
+        names each shard's ``generation``, so that a later save that failed half-way does
+        not mix two checkpoints."""
+        if generation is None:
+            replay = self._read(uri, fall_back=False)
+        else:
+            found = [g for g in snapshot.generations(uri) if g.number == generation]
+            replay = self._load(found[0].read(max_rows=self._spec.capacity)) if found else None
         if replay is None:
-            raise FileNotFoundError(f"no replay snapshot at {uri!r}")
+            at = "" if generation is None else f" (generation {generation})"
+            raise FileNotFoundError(f"no replay snapshot at {uri!r}{at}")
         self._prepared = replay
         return self.status()
 
@@ -228,8 +249,10 @@ class ReplayShardServer:
         return self.status()
 
     async def clear(self) -> ShardStatus:
-        """Drop every row (a later snapshot overwrites the old one); see PrioritizedReplay.clear."""
+        """Drop every row (the next snapshot replaces the older ones); see
+        PrioritizedReplay.clear."""
         self._replay.clear()
+        self._keep_previous_snapshot = False  # the next snapshot replaces the old rows'
         self._limiter.reset_balanced(0)
         self._inserts_at_snapshot = 0
         self._restored_num_inserted = 0
@@ -246,7 +269,7 @@ class ReplayShardServer:
     async def snapshot_now(self) -> ShardStatus:
         if self._spec.snapshot_uri is None:
             raise ValueError("this shard has no snapshot_uri configured")
-        self._write_snapshot()
+        self._write_snapshot(periodic=False)
         return self.status()
 
     # ---- internals ----------------------------------------------------------------------------
@@ -262,29 +285,36 @@ class ReplayShardServer:
 
     def _write(self, uri: str) -> None:
         state, columns = self._replay.snapshot()
-        snapshot.write_snapshot(uri, {"replay": state}, columns)
+        keep = self._keep_previous_snapshot or uri != self._spec.snapshot_uri
+        self._saved_generation = snapshot.write_snapshot(
+            uri, {"replay": state}, columns, keep_previous=keep
+        )
+        if uri == self._spec.snapshot_uri:
+            self._keep_previous_snapshot = True
 
     def _read(self, uri: str, *, fall_back: bool) -> PrioritizedReplay | None:
         """A replay loaded from the newest usable generation at ``uri`` (``None``: none).
         Without ``fall_back`` a damaged newest one raises; with it (a restarting shard) older
-        ones are tried, then none, and what was skipped is counted and logged."""
+        ones are tried, then none: what was skipped is counted, logged and renamed aside (so
+        that the next save keeps a good generation as its previous)."""
         try:
             found = snapshot.generations(uri)
-        except snapshot.ReplaySnapshotCorrupt as error:  # an earlier version's pickle
+        except Exception as error:  # an earlier version's pickle, or the storage failed
             if not fall_back:
                 raise
             self._reject(error)
             return None
         for generation in found:
             try:
-                return self._load(generation.read())
+                return self._load(generation.read(max_rows=self._spec.capacity))
             except snapshot.ReplaySnapshotCorrupt as error:
                 if not fall_back:
                     raise
                 self._reject(error)
+                generation.quarantine()
         return None
 
-    def _reject(self, error: snapshot.ReplaySnapshotCorrupt) -> None:
+    def _reject(self, error: Exception) -> None:
         self._snapshots_rejected += 1
         log.warning("replay shard %d skipped a damaged snapshot: %s", self._spec.shard_index, error)
 
@@ -321,8 +351,23 @@ class ReplayShardServer:
         if by_count or by_time:
             self._write_snapshot()
 
-    def _write_snapshot(self) -> None:
-        self._write(self._spec.snapshot_uri)
+    def _write_snapshot(self, *, periodic: bool = True) -> None:
+        """Snapshot to the spec's location. A periodic one's failure is logged and counted,
+        not raised (the add that triggered it stored its rows; the next due one tries again)."""
+        try:
+            self._write(self._spec.snapshot_uri)
+        except Exception as error:  # the storage, or a column the format cannot hold
+            if not periodic:
+                raise
+            self._snapshot_failures += 1
+            if self._snapshot_failures == 1 or self._snapshot_failures % 100 == 0:
+                log.warning(
+                    "replay shard %d: periodic snapshot %d failed: %s: %s",
+                    self._spec.shard_index,
+                    self._snapshot_failures,
+                    type(error).__name__,
+                    error,
+                )
         self._inserts_at_snapshot = self._replay.num_inserted
         self._last_snapshot_time = time.monotonic()
 

@@ -33,6 +33,7 @@ the user trusts.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -49,6 +50,7 @@ from rl_dist_ext.replay.snapshot_columns import (
     SnapshotUnsupported,
     check_header_column,
     column_schema,
+    min_data_bytes,
     read_columns,
     write_columns,
 )
@@ -72,9 +74,9 @@ __all__ = [
 
 FORMAT = "rl-dist-ext replay snapshot"
 VERSION = 1
-#: Generations a location keeps: the newest complete one and the one before it.
-KEEP = 2
-_NAME = re.compile(r"^(\d{12})\.(arrow|json)$")
+#: A header holds a schema and counters: anything larger is not one of ours.
+MAX_HEADER_BYTES = 16 * 2**20
+_NAME = re.compile(r"^(\d{12})\.(arrow|json|arrow\.rejected|json\.rejected)$")
 
 
 class ReplaySnapshotCorrupt(Exception):
@@ -170,7 +172,8 @@ def read_text(uri: str) -> str | None:
 
 
 def _generations(fs, path: str) -> dict[int, set[str]]:
-    """generation -> the suffixes (``arrow``, ``json``) present at the location ``path``."""
+    """generation -> the suffixes (``arrow``, ``json``; ``*.rejected`` for files a shard renamed
+    aside) present at the location ``path``."""
     import pyarrow.fs as pafs
 
     found: dict[int, set[str]] = {}
@@ -203,11 +206,13 @@ def write_snapshot(
     state: Mapping[str, Any],
     columns: Mapping[str, np.ndarray],
     *,
+    keep_previous: bool = True,
     chunk_bytes: int = CHUNK_BYTES,
 ) -> int:
     """Write a new generation at the location ``uri``; returns its number. ``columns`` are read,
     not copied (the caller keeps them unchanged until this returns); ``chunk_bytes`` bounds a
-    record batch."""
+    record batch. ``keep_previous=False`` deletes every older generation once this one is
+    complete (a fresh replay's first snapshot: older ones hold another run's rows)."""
     schema, rows = column_schema(columns)
     fs, path = _filesystem(uri)
     fs.create_dir(path, recursive=True)
@@ -227,7 +232,7 @@ def write_snapshot(
     }
     header["header_crc32"] = _header_crc(header)
     _write_header(fs, _file(path, generation, "json"), json.dumps(header, indent=1))
-    _prune(fs, path, generation)
+    _prune(fs, path, generation, keep_previous=keep_previous)
     return generation
 
 
@@ -275,14 +280,15 @@ def _write_header(fs, path: str, text: str) -> None:
         os.close(directory)
 
 
-def _prune(fs, path: str, newest: int) -> None:
-    """Keep ``newest`` and the newest complete generation before it; delete the rest."""
+def _prune(fs, path: str, newest: int, *, keep_previous: bool) -> None:
+    """Keep ``newest`` and (``keep_previous``) the newest complete generation before it; delete
+    the rest, each header before its data (a generation without a header does not count)."""
     found = _generations(fs, path)
     complete = sorted(g for g, kinds in found.items() if kinds == {"arrow", "json"} and g < newest)
-    keep = {newest, *complete[-(KEEP - 1) :]} if KEEP > 1 else {newest}
+    keep = {newest, *complete[-1:]} if keep_previous else {newest}
     for generation, kinds in found.items():
         if generation not in keep and generation < newest:
-            for suffix in kinds:
+            for suffix in sorted(kinds, key=lambda kind: kind != "json"):
                 fs.delete_file(_file(path, generation, suffix))
 
 
@@ -304,9 +310,26 @@ class Generation:
         """The header file, as the user would name it."""
         return _shown(_file(self._path, self.number, "json"), self.uri)
 
-    def read(self) -> Snapshot:
-        """The generation's content; :class:`ReplaySnapshotCorrupt` if it is damaged."""
-        return _read_generation(self._fs, self._path, self.number, self.uri)
+    def read(self, *, max_rows: int | None = None) -> Snapshot:
+        """The generation's content; :class:`ReplaySnapshotCorrupt` if it is damaged, holds
+        more than ``max_rows`` rows (the reader's capacity), or cannot be read."""
+        file = _file(self._path, self.number, "json")
+        try:
+            return _read_generation(self._fs, self._path, self.number, self.uri, max_rows)
+        except ReplaySnapshotCorrupt:
+            raise
+        except Exception as error:  # the storage failed (e.g. NFS, a file deleted meanwhile)
+            raise ReplaySnapshotCorrupt(
+                _shown(file, self.uri), "unreadable", f"{type(error).__name__}: {error}"
+            ) from None
+
+    def quarantine(self) -> None:
+        """Rename the generation's files to ``*.rejected``: kept for a look, no longer a
+        generation (a later save then keeps a good one as the previous, not this)."""
+        for suffix in ("json", "arrow"):
+            file = _file(self._path, self.number, suffix)
+            with contextlib.suppress(OSError, FileNotFoundError):
+                self._fs.move(file, f"{file}.rejected")
 
 
 def generations(uri: str) -> list[Generation]:
@@ -329,13 +352,22 @@ def read_snapshot(uri: str) -> Snapshot | None:
     return found[0].read() if found else None
 
 
-def _read_generation(fs, path: str, generation: int, uri: str) -> Snapshot:
+def _read_generation(
+    fs, path: str, generation: int, uri: str, max_rows: int | None = None
+) -> Snapshot:
     import pyarrow as pa
 
     header_file = _file(path, generation, "json")
     header = _read_header(fs, header_file, uri)
     data_file = _file(path, generation, "arrow")
     corrupt = _corrupt(data_file, uri)
+    if max_rows is not None and header["rows"] > max_rows:
+        raise corrupt("schema", f"{header['rows']} rows, more than the {max_rows} it may hold")
+    least = min_data_bytes(header["columns"], header["rows"])
+    if least > header["data_bytes"]:
+        raise corrupt(
+            "schema", f"{header['rows']} rows need at least {least} bytes, the file has fewer"
+        )
     if header["generation"] != generation or header["data_file"] != data_file.rsplit("/", 1)[1]:
         raise corrupt("header", f"the header names generation {header['generation']}'s files")
     info = fs.get_file_info(data_file)
@@ -346,7 +378,9 @@ def _read_generation(fs, path: str, generation: int, uri: str) -> Snapshot:
     try:
         source = pa.memory_map(data_file) if _is_local_fs(fs) else fs.open_input_file(data_file)
         with source:
-            arrays = read_columns(source, header["columns"], header["rows"], corrupt)
+            arrays = read_columns(
+                source, header["columns"], header["rows"], header["data_bytes"], corrupt
+            )
     except ReplaySnapshotCorrupt:
         raise
     except Exception as error:  # Arrow's errors on damaged IPC data
@@ -370,9 +404,11 @@ def _read_header(fs, file: str, uri: str) -> dict[str, Any]:
     corrupt = _corrupt(file, uri)
     with fs.open_input_stream(file) as stream:
         raw = stream.read()
+    if len(raw) > MAX_HEADER_BYTES:
+        raise corrupt("header", f"{len(raw)} bytes, more than a header's {MAX_HEADER_BYTES}")
     try:
         header = json.loads(raw)
-    except (UnicodeDecodeError, json.JSONDecodeError) as error:
+    except (ValueError, RecursionError) as error:  # JSON, UTF-8, or int-digit-limit errors
         raise corrupt("truncated" if raw else "header", f"not valid JSON ({error})") from None
     if not isinstance(header, dict) or header.get("format") != FORMAT:
         raise corrupt("header", "not an rl-dist-ext replay snapshot header")
@@ -393,7 +429,14 @@ def _read_header(fs, file: str, uri: str) -> dict[str, Any]:
 
 
 def _check_header(header: Mapping[str, Any]) -> None:
-    for key, kind in (("generation", int), ("data_bytes", int), ("rows", int), ("state", dict)):
+    for key, kind in (
+        ("generation", int),
+        ("data_bytes", int),
+        ("rows", int),
+        ("state", dict),
+        ("data_file", str),
+        ("columns", list),
+    ):
         if not isinstance(header[key], kind) or isinstance(header[key], bool):
             raise TypeError(f"{key} must be {kind.__name__}, got {header[key]!r}")
     if header["rows"] < 0:

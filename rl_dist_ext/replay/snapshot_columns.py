@@ -143,9 +143,28 @@ def _binary_crc(array, crc: int) -> int:
     return crc
 
 
-def read_columns(source, schema: list[dict], rows: int, corrupt) -> dict[str, np.ndarray]:
-    """The columns of the Arrow IPC file ``source``, checked against the header's ``schema``,
-    ``rows`` and CRCs; ``corrupt(reason, detail)`` makes the error raised when they differ."""
+def min_data_bytes(schema: list[dict], rows: int) -> int:
+    """The fewest bytes an uncompressed Arrow file of ``rows`` rows of ``schema`` takes (numbers
+    at their size, bools as bits, 8 bytes of offsets per bytes value): a header that claims more
+    rows than its file could hold is refused before anything is allocated for them."""
+    bits = 0
+    for column in schema:
+        if column["dtype"] == BYTES:
+            bits += 64
+        else:
+            values = int(np.prod(column["shape"], dtype=np.int64))
+            dtype = np.dtype(column["dtype"])
+            bits += values * (1 if dtype.kind == "b" else 8 * dtype.itemsize)
+    return rows * bits // 8
+
+
+def read_columns(
+    source, schema: list[dict], rows: int, data_bytes: int, corrupt
+) -> dict[str, np.ndarray]:
+    """The columns of the Arrow IPC file ``source`` (``data_bytes`` long), checked against the
+    header's ``schema``, ``rows`` and CRCs; ``corrupt(reason, detail)`` makes the error raised
+    when they differ. Batches whose buffers add up to more than the file (compressed, which a
+    snapshot never is, or crafted) are refused."""
     import pyarrow as pa
 
     columns = {c["name"]: c for c in schema}
@@ -158,9 +177,12 @@ def read_columns(source, schema: list[dict], rows: int, corrupt) -> dict[str, np
             for name, c in columns.items()
         }
         crcs = {name: 0 for name in columns}
-        at = 0
+        at = held = 0
         for i in range(reader.num_record_batches):
             batch = reader.get_batch(i)
+            held += batch.nbytes
+            if held > data_bytes:
+                raise corrupt("format", f"its batches hold more than the file's {data_bytes} bytes")
             # Arrow trusts the buffers' offsets and lengths it reads: check them all before any
             # value is touched (damaged offsets would read outside the file, or crash)
             batch.validate(full=True)

@@ -36,11 +36,15 @@ def save(shards: ShardSet, path: str) -> None:
     manifest = {k: v for k, v in asdict(shards.config).items() if k != "placement_group"}
     manifest["size_per_shard"] = [status.size for status in statuses]
     manifest["num_inserted_per_shard"] = [status.num_inserted for status in statuses]
+    # the generations this save wrote: a restore reads exactly those (a later save into the
+    # same path that failed half-way left newer generations of some shards only)
+    manifest["generation_per_shard"] = [status.saved_generation for status in statuses]
     snapshot.write_text(snapshot.join(path, MANIFEST), json.dumps(manifest, indent=2))
 
 
-def check_manifest(config: DistributedReplayConfig, path: str) -> None:
-    """Raise unless ``path`` holds a checkpoint this replay can load."""
+def check_manifest(config: DistributedReplayConfig, path: str) -> list[int | None]:
+    """Raise unless ``path`` holds a checkpoint this replay can load; returns the generation
+    of each shard's snapshot it names (``None``: the newest, for manifests that name none)."""
     uri = snapshot.join(path, MANIFEST)
     try:
         text = snapshot.read_text(uri)
@@ -66,3 +70,15 @@ def check_manifest(config: DistributedReplayConfig, path: str) -> None:
             f"checkpoint at {path!r} has compression={manifest.get('compression')!r}, this "
             f"replay has compression={mine!r} (rows cannot be re-encoded on restore)"
         )
+    pinned = manifest.get("generation_per_shard")
+    if pinned is None:  # written before manifests named them
+        return [None] * config.num_shards
+    if not (
+        isinstance(pinned, list)
+        and len(pinned) == config.num_shards
+        and all(type(g) is int and g >= 1 for g in pinned)
+    ):
+        raise snapshot.ReplaySnapshotCorrupt(
+            uri, "header", f"generation_per_shard={pinned!r} is not one generation per shard"
+        )
+    return pinned

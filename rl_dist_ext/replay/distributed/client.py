@@ -203,17 +203,17 @@ class DistributedReplay:
         (:class:`~rl_dist_ext.replay.snapshot.ReplaySnapshotCorrupt`) leaves all as they were."""
         check_snapshot_dir_reachable(path, what="checkpoint path", refuse_relative=False)
         path = snapshot.resolve(path)
-        checkpoints.check_manifest(self._config, path)
+        pinned = checkpoints.check_manifest(self._config, path)
+        self.flush()  # adds in flight land before the shards read (and then replace) their rows
         try:
             self._shards.on_every_shard(
                 "restore",
-                lambda i, h: h.prepare_restore.remote(checkpoints.shard_file(path, i)),
+                lambda i, h: h.prepare_restore.remote(checkpoints.shard_file(path, i), pinned[i]),
             )
-        except BaseException:
+            self._replace_contents("restore", lambda i, h: h.commit_restore.remote())
+        finally:  # whatever happened, no shard keeps a prepared copy (a second replay's memory)
             for handle in self._shards.handles:
                 handle.abort_restore.remote()
-            raise
-        self._replace_contents("restore", lambda i, h: h.commit_restore.remote())
 
     def clear(self) -> None:
         """Drop every row in every shard; keys sampled before are stale from now on."""

@@ -44,15 +44,17 @@ def actor_errors() -> tuple[type[BaseException], ...]:
 
 def shard_error(error: Any, context: str = "") -> BaseException:
     """The exception a shard raised, out of Ray's ``RayTaskError`` wrapper (errors raised to
-    the user are the project's own or Python's, never Ray's), with ``context`` in front of its
-    message where its type takes a message."""
-    cause = error.cause if getattr(error, "cause", None) is not None else error
-    if not context:
-        return cause
-    try:
-        return type(cause)(f"{context}: {cause}")
-    except TypeError:  # a type whose constructor takes other arguments
-        return cause
+    the user are the project's own or Python's, never Ray's), with ``context`` added as a note
+    (Python 3.11+; shown under its message)."""
+    import ray
+
+    cause = getattr(error, "cause", None)
+    if not isinstance(cause, BaseException) or isinstance(cause, ray.exceptions.RayError):
+        # Ray could not pickle the shard's exception: say what it was, as the project's error
+        cause = ReplayUnavailable(f"a replay shard failed: {error}")
+    if context and hasattr(cause, "add_note"):
+        cause.add_note(context)
+    return cause
 
 
 @dataclass
