@@ -328,16 +328,22 @@ def rows(start: int, n: int) -> dict[str, np.ndarray]:
     return {"obs": np.arange(start, start + n, dtype=np.float32)[:, None], "action": np.arange(n)}
 
 
+def shard_with_snapshots(spec: ShardSpec, count: int, start: int = 0) -> ReplayShardServer:
+    """A fresh shard (not a restart) that added 10 rows, then snapshotted, ``count`` times."""
+
+    async def main() -> ReplayShardServer:
+        shard = ReplayShardServer(spec)
+        for i in range(count):
+            await shard.add(rows(start + 10 * i, 10))
+            await shard.snapshot_now()
+        return shard
+
+    return asyncio.run(main())
+
+
 def test_the_previous_generation_is_kept_until_the_next_is_complete(tmp_path):
     spec = shard_spec(tmp_path)
-
-    async def main():
-        shard = ReplayShardServer(spec)
-        for i in range(4):
-            await shard.add(rows(10 * i, 10))
-            await shard.snapshot_now()
-
-    asyncio.run(main())
+    shard_with_snapshots(spec, 4)
     names = sorted(p.name for p in (tmp_path / "snap").iterdir())
     assert names == [f"{g:012d}.{s}" for g in (3, 4) for s in ("arrow", "json")]
     # a write that died before its header: the location still reads the newest complete one
@@ -347,14 +353,7 @@ def test_the_previous_generation_is_kept_until_the_next_is_complete(tmp_path):
 
 def test_a_restarting_shard_falls_back_past_damaged_snapshots_and_counts_them(tmp_path):
     spec = shard_spec(tmp_path)
-
-    async def main():
-        shard = ReplayShardServer(spec)
-        for i in range(2):
-            await shard.add(rows(10 * i, 10))
-            await shard.snapshot_now()
-
-    asyncio.run(main())
+    shard_with_snapshots(spec, 2)
     newest = sorted((tmp_path / "snap").glob("*.arrow"))[-1]
     newest.write_bytes(newest.read_bytes()[:100])
     restarted = ReplayShardServer(spec, restore_snapshot=True)
@@ -380,12 +379,6 @@ def test_headers_that_are_not_ours_or_unreadable_never_stop_a_restarting_shard(t
     shard's constructor (a shard Ray could never restart); so did digits beyond Python's
     integer limit and deep nesting."""
     spec = shard_spec(tmp_path)
-
-    async def fill():
-        shard = ReplayShardServer(spec)
-        await shard.add(rows(0, 10))
-        await shard.snapshot_now()
-
     for damage in (
         lambda h: rewrite_header(h, data_file=None),
         lambda h: h.write_text(
@@ -395,7 +388,7 @@ def test_headers_that_are_not_ours_or_unreadable_never_stop_a_restarting_shard(t
     ):
         for leftover in (tmp_path / "snap").glob("*"):
             leftover.unlink()
-        asyncio.run(fill())
+        shard_with_snapshots(spec, 1)
         (header,) = (tmp_path / "snap").glob("*.json")
         damage(header)
         status = ReplayShardServer(spec, restore_snapshot=True).status()
@@ -465,25 +458,17 @@ def test_a_periodic_snapshot_that_fails_leaves_the_add_stored_and_counts_it(tmp_
 
 def test_a_fresh_shards_first_snapshot_replaces_an_earlier_runs(tmp_path):
     spec = shard_spec(tmp_path)
-
-    async def run(start: int):
-        shard = ReplayShardServer(spec)  # a fresh run, not a restart
-        await shard.add(rows(start, 10))
-        await shard.snapshot_now()
-
-    asyncio.run(run(0))
-    asyncio.run(run(100))
+    shard_with_snapshots(spec, 1)
+    shard_with_snapshots(spec, 1, start=100)  # a fresh run, not a restart
     (only,) = snapshot.generations(spec.snapshot_uri)
     assert only.read().columns["row.obs"][0, 0] == 100  # the earlier run's rows are gone
 
 
 def test_an_aborted_restore_drops_what_it_prepared(tmp_path):
     spec = shard_spec(tmp_path)
+    shard = shard_with_snapshots(spec, 1)
 
     async def main():
-        shard = ReplayShardServer(spec)
-        await shard.add(rows(0, 10))
-        await shard.snapshot_now()
         await shard.prepare_restore(spec.snapshot_uri)
         await shard.abort_restore()
         with pytest.raises(RuntimeError, match="no prepared restore"):
@@ -494,13 +479,9 @@ def test_an_aborted_restore_drops_what_it_prepared(tmp_path):
 
 def test_an_explicit_restore_of_a_damaged_snapshot_raises_and_keeps_the_rows(tmp_path):
     spec = shard_spec(tmp_path)
+    shard = shard_with_snapshots(spec, 2)
 
     async def main():
-        shard = ReplayShardServer(spec)
-        await shard.add(rows(0, 10))
-        await shard.snapshot_now()
-        await shard.add(rows(10, 10))
-        await shard.snapshot_now()
         newest = sorted((tmp_path / "snap").glob("*.arrow"))[-1]
         newest.write_bytes(newest.read_bytes()[:-10])
         with pytest.raises(snapshot.ReplaySnapshotCorrupt, match=newest.name) as error:
