@@ -71,6 +71,26 @@ def test_a_background_failure_is_retried_in_the_foreground_and_reported(pool, tm
         assert "second try" in pool.output("flaky")
 
 
+def test_a_failure_before_its_test_waits_is_retried_in_the_background(pool, tmp_path):
+    tries = tmp_path / "tries"
+    code = (
+        "import pathlib, sys\n"
+        f"tries = pathlib.Path({str(tries)!r})\n"
+        "with tries.open('a') as f:\n"
+        "    f.write('x')\n"
+        "if len(tries.read_text()) == 1:\n"
+        "    sys.exit('starved')\n"
+        "print('second try')\n"
+    )
+    pool.submit("flaky-early", [script(tmp_path, "flaky_early.py", code)])
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and len(tries.read_text() if tries.exists() else "") < 2:
+        time.sleep(0.1)  # nobody waits yet: the failed run goes again on its own
+    with pytest.warns(UserWarning, match="(?s)failed in the background.*again in the background"):
+        assert "second try" in pool.output("flaky-early")
+    assert tries.read_text() == "xx"  # no foreground try
+
+
 def test_a_run_that_fails_twice_fails_its_test_with_its_output(pool, tmp_path):
     pool.submit("broken", [script(tmp_path, "broken.py", "raise SystemExit('always broken')\n")])
     with pytest.warns(UserWarning), pytest.raises(AssertionError, match="always broken"):
