@@ -38,7 +38,7 @@ def convert_file(uri: str, to: str | None = None) -> str:
                 "point the shard's snapshot_uri there"
             )
         to = f"{base.removesuffix('.pkl')}{mark}{query}"
-    fs, path = snapshot._filesystem(uri)
+    fs, path = snapshot.filesystem(uri)
     with fs.open_input_stream(path) as stream:
         state = pickle.loads(stream.read())  # the user vouched for this file
     saved = state["replay"]
@@ -56,7 +56,7 @@ def convert(uri: str, to: str | None = None) -> list[str]:
     the new locations."""
     import pyarrow.fs as pafs
 
-    fs, path = snapshot._filesystem(uri)
+    fs, path = snapshot.filesystem(uri)
     info = fs.get_file_info(path)
     if info.type == pafs.FileType.File:
         return [convert_file(uri, to)]

@@ -122,7 +122,8 @@ class Snapshot:
 
 
 # ---- locations ----------------------------------------------------------------------------------
-def _filesystem(uri: str):
+def filesystem(uri: str):
+    """The pyarrow filesystem holding ``uri`` and the path on it (a local path made absolute)."""
     import pyarrow.fs as pafs  # pyarrow comes with Ray, which the distributed replay needs
 
     if "://" in uri:
@@ -157,14 +158,14 @@ def _is_file(fs, path: str) -> bool:
 
 
 def write_text(uri: str, text: str) -> None:
-    fs, path = _filesystem(uri)
+    fs, path = filesystem(uri)
     fs.create_dir(path.rsplit("/", 1)[0], recursive=True)
     with fs.open_output_stream(path) as stream:
         stream.write(text.encode())
 
 
 def read_text(uri: str) -> str | None:
-    fs, path = _filesystem(uri)
+    fs, path = filesystem(uri)
     if not _is_file(fs, path):
         return None
     with fs.open_input_stream(path) as stream:
@@ -191,7 +192,7 @@ def _file(path: str, generation: int, suffix: str) -> str:
 def _legacy(uri: str) -> str | None:
     """The pickle an earlier version wrote for the location ``uri`` (the location itself as a
     file, or ``<location>.pkl``), as the user would name it; ``None`` if there is none."""
-    fs, path = _filesystem(uri)
+    fs, path = filesystem(uri)
     if _is_file(fs, path):
         return uri
     if _is_file(fs, f"{path}.pkl"):
@@ -214,7 +215,7 @@ def write_snapshot(
     record batch. ``keep_previous=False`` deletes every older generation once this one is
     complete (a fresh replay's first snapshot: older ones hold another run's rows)."""
     schema, rows = column_schema(columns)
-    fs, path = _filesystem(uri)
+    fs, path = filesystem(uri)
     fs.create_dir(path, recursive=True)
     generation = max(_generations(fs, path), default=0) + 1
     data = _file(path, generation, "arrow")
@@ -335,7 +336,7 @@ class Generation:
 def generations(uri: str) -> list[Generation]:
     """The generations at the location ``uri`` that have a header, newest first (empty when
     there is none); :class:`LegacyPickleSnapshot` where only an earlier version's pickle is."""
-    fs, path = _filesystem(uri)
+    fs, path = filesystem(uri)
     found = {} if _is_file(fs, path) else _generations(fs, path)
     headed = sorted((g for g, kinds in found.items() if "json" in kinds), reverse=True)
     if not headed:
