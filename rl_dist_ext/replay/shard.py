@@ -220,11 +220,7 @@ class ReplayShardServer:
         every shard before any commits, so a damaged one leaves them all as they were; it
         names each shard's ``generation``, so that a later save that failed half-way does
         not mix two checkpoints."""
-        if generation is None:
-            replay = self._read(uri, fall_back=False)
-        else:
-            found = [g for g in snapshot.generations(uri) if g.number == generation]
-            replay = self._load(found[0].read(max_rows=self._spec.capacity)) if found else None
+        replay = self._read(uri, fall_back=False, generation=generation)
         if replay is None:
             at = "" if generation is None else f" (generation {generation})"
             raise FileNotFoundError(f"no replay snapshot at {uri!r}{at}")
@@ -292,13 +288,18 @@ class ReplayShardServer:
         if uri == self._spec.snapshot_uri:
             self._keep_previous_snapshot = True
 
-    def _read(self, uri: str, *, fall_back: bool) -> PrioritizedReplay | None:
-        """A replay loaded from the newest usable generation at ``uri`` (``None``: none).
-        Without ``fall_back`` a damaged newest one raises; with it (a restarting shard) older
-        ones are tried, then none: what was skipped is counted, logged and renamed aside (so
-        that the next save keeps a good generation as its previous)."""
+    def _read(
+        self, uri: str, *, fall_back: bool, generation: int | None = None
+    ) -> PrioritizedReplay | None:
+        """A replay loaded from the newest usable generation at ``uri``, or from its
+        ``generation`` only (``None``: none). Without ``fall_back`` a damaged newest one
+        raises; with it (a restarting shard) older ones are tried, then none: what was skipped
+        is counted, logged and renamed aside (so that the next save keeps a good generation as
+        its previous)."""
         try:
             found = snapshot.generations(uri)
+            if generation is not None:
+                found = [g for g in found if g.number == generation]
         except Exception as error:  # an earlier version's pickle, or the storage failed
             if not fall_back:
                 raise
