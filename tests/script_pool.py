@@ -198,6 +198,14 @@ class Deadline:
         return self._at is not None
 
 
+def _warn_failed(run: Run, then: str) -> None:
+    warnings.warn(
+        f"{' '.join(run.args)} failed in the background (exit {run.returncode}); {then}. "
+        f"Its output ended:\n{run.output[-3000:]}",
+        stacklevel=3,
+    )
+
+
 class ZygoteUnavailable(RuntimeError):
     """The zygote did not start (e.g. an import started a thread): runs go without it."""
 
@@ -387,8 +395,8 @@ class ScriptPool:
         ``BACKGROUND_TRIES`` times: a try that succeeds there costs the test no wait."""
         failed: list[Run] = []
         run = self._run(key, args, cwd, env, deadline)
-        while run.returncode != 0 and not deadline.started:
-            if len(failed) + 1 >= BACKGROUND_TRIES:
+        for _ in range(BACKGROUND_TRIES - 1):
+            if run.returncode == 0 or deadline.started:
                 break
             failed.append(run)
             run = self._run(key, args, cwd, env, deadline)
@@ -399,17 +407,9 @@ class ScriptPool:
         submitted.deadline.start()
         run, failed = submitted.future.result()
         for earlier in failed:
-            warnings.warn(
-                f"{' '.join(earlier.args)} failed in the background (exit {earlier.returncode}); "
-                f"it ran again in the background. Its output ended:\n{earlier.output[-3000:]}",
-                stacklevel=2,
-            )
+            _warn_failed(earlier, "it ran again in the background")
         if run.returncode != 0:
-            warnings.warn(
-                f"{' '.join(run.args)} failed in the background (exit {run.returncode}); "
-                f"running it again in the foreground. Its output ended:\n{run.output[-3000:]}",
-                stacklevel=2,
-            )
+            _warn_failed(run, "running it again in the foreground")
             deadline = Deadline(submitted.deadline.seconds)
             deadline.start()
             run = self._run(key, submitted.args, submitted.cwd, submitted.env, deadline)
