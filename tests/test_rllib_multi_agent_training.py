@@ -91,6 +91,12 @@ def test_gorila_dqn_shared_module_improves_the_spread_team_return(envs, seed, le
         checks = train_until(
             learning_curve, algorithm, spread_team_return, TEAM_RETURN, GORILA_SPREAD_BUDGET, 3_000
         )
+        assert set(algorithm.replays) == {"shared"}
+        stats = algorithm.replay("shared").stats(wait=True)
+        # two agents move in every env step: two rows per env step, while the rate limiter
+        # is credited one count per env step
+        assert stats["num_inserted"] == 2 * stats["counted_inserts"]
+        assert algorithm.train()["gorila"]["replay_rate_limiter_ratio/shared"] > 0
     finally:
         algorithm.stop()
     assert max(s for _, s in checks) >= TEAM_RETURN, f"team returns by env steps: {checks}"

@@ -829,7 +829,7 @@ def test_checkpoint_restores_into_a_fresh_algorithm_and_training_continues(seed_
         restored.stop()
 
 
-# ---- faults, local mode, shutdown (each with its own algorithm) ---------------------------------
+# ---- faults and shutdown (an algorithm of their own) ---------------------------------------------
 
 
 def test_killed_runner_and_inference_server_restart_and_stop_leaves_no_actors(ray_session):
@@ -896,28 +896,6 @@ def test_killed_runner_and_inference_server_restart_and_stop_leaves_no_actors(ra
         obs = probe_obs()
         _, logits = server_logits(algorithm, obs)
         np.testing.assert_allclose(logits, module_logits(learner_module(algorithm), obs), atol=1e-5)
-    finally:
-        algorithm.stop()
-    assert actors_left_since(before) == []
-
-
-def test_local_mode_trains_without_a_server(ray_session):
-    before = alive_actor_classes()
-    algorithm = small_config(central=False).env_runners(num_env_runners=1).build_algo()
-    try:
-        assert algorithm._inference is None
-        servers = algorithm.env_runner_group.foreach_env_runner(
-            lambda r: r._inference_server, local_env_runner=False
-        )
-        assert servers == [None]
-        started = [name for i, name in alive_actor_classes().items() if i not in before]
-        assert started.count("VTraceEnvRunner") == 1 and "InferenceServer" not in started
-        for _ in range(30):  # the runners' first samples take a few seconds to arrive
-            result = algorithm.train()
-            if result.get("env_runners", {}).get("num_env_steps_sampled_lifetime", 0) > 0:
-                break
-        assert result["env_runners"]["num_env_steps_sampled_lifetime"] > 0
-        assert "central_inference" not in result
     finally:
         algorithm.stop()
     assert actors_left_since(before) == []

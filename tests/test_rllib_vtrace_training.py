@@ -88,18 +88,29 @@ def test_vtrace_defaults_learn_cartpole_on_a_laptop(ray_session, seed, learning_
     and every other setting at its default, on the 2-CPU session (no GPU: central inference
     stays off). Greedy return >= 150 within 300k env steps, checked every 20k; the old
     defaults (central inference on the CPU, 1 env per runner) reached 70.8 in 300 s."""
+    from test_rllib_vtrace import actors_left_since, alive_actor_classes
+
     from rllib_plugins import VTraceConfig
 
+    before = alive_actor_classes()
     config = VTraceConfig().environment("CartPole-v1").env_runners(num_env_runners=2)
     algorithm = config.debugging(seed=seed).build_algo()
     try:
-        assert algorithm._inference is None  # no GPU here: the runners infer locally
+        # no GPU here: the runners infer locally, and no server starts
+        assert algorithm._inference is None
+        servers = algorithm.env_runner_group.foreach_env_runner(
+            lambda r: r._inference_server, local_env_runner=False
+        )
+        assert servers == [None, None]
+        started = [name for i, name in alive_actor_classes().items() if i not in before]
+        assert started.count("VTraceEnvRunner") == 2 and "InferenceServer" not in started
         scores, result = train_until_threshold(
             learning_curve, algorithm, DEFAULTS_BUDGET_ENV_STEPS, DEFAULTS_EVAL_EVERY_ENV_STEPS
         )
         assert "central_inference" not in result
     finally:
         algorithm.stop()
+    assert actors_left_since(before) == []
     assert max(score for _, score in scores) >= THRESHOLD, f"greedy returns by env steps: {scores}"
 
 
