@@ -95,8 +95,10 @@ def test_gorila_params_take_one_settings_object_per_concern():
         builder.with_gorila_params({"num_actors": 2})
 
 
-@pytest.mark.parametrize("central", [False, True], ids=["impala", "seed"])
-def test_builder_runs_vtrace_experiment_and_closes_cleanly(ray_session, tmp_path, central):
+def test_builder_runs_vtrace_experiment_in_seed_mode_and_closes_cleanly(ray_session, tmp_path):
+    """SEED mode, the builder's wiring with the most parts (the builder hands
+    ``central_inference`` to the collector as it is; the collector without a server is tested
+    in test_tianshou_vtrace.py and learns in test_tianshou_vtrace_training.py)."""
     from conftest import alive_actor_ids, wait_until_not_alive
     from tianshou.highlevel.config import OnPolicyTrainingConfig
     from tianshou.highlevel.env import EnvFactoryRegistered, VectorEnvType
@@ -137,7 +139,7 @@ def test_builder_runs_vtrace_experiment_and_closes_cleanly(ray_session, tmp_path
                     num_cpus_per_actor=0.05,
                     seed=0,
                 ),
-                central_inference=CentralInference(num_cpus=0.05) if central else None,
+                central_inference=CentralInference(num_cpus=0.05),
             )
         )
         .with_actor_factory_default(hidden_sizes=(32,))
@@ -149,7 +151,7 @@ def test_builder_runs_vtrace_experiment_and_closes_cleanly(ray_session, tmp_path
     try:
         assert isinstance(world.algorithm, VTrace)
         assert isinstance(world.training_collector, VTraceCollector)
-        assert (world.training_collector.env.inference is not None) == central
+        assert world.training_collector.env.inference is not None
         assert world.training_collector.collect_step >= 1_024
         assert world.algorithm.num_gradient_updates >= 1_024 // 128
         assert result.trainer_result is not None
