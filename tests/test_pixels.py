@@ -249,29 +249,35 @@ def test_tianshou_gorila_trains_on_pixels_with_compressed_uint8_replay(
         stats = buffer.client.stats(wait=True)
         assert stats["compression_ratio"] > 5, stats
         if num_actors > 1:
-            assert_a_crashed_actor_comes_back(collector)
+            assert_a_crashed_actor_comes_back(collector, algo, buffer)
     finally:
         if collector is not None:
             collector.close()
         buffer.close()
 
 
-def assert_a_crashed_actor_comes_back(collector) -> None:
-    """Kill actor 0: the rollout it had in flight is lost, and Ray's restart of it delivers
-    rollouts again. Its constructor takes the pickled pixel policy, above Ray's 100 KiB inline
-    limit, which Ray had released once the actor was up (ray#53727): the restart failed in the
-    creation task until the starter kept the arguments."""
+def assert_a_crashed_actor_comes_back(collector, algo, buffer) -> None:
+    """Kill actor 0 while the learner trains on: the rollout it had in flight is lost and
+    counted, and Ray's restart of it delivers rollouts again, acting with weights it pulled
+    after the restart. Its constructor takes the pickled pixel policy, above Ray's 100 KiB
+    inline limit, which Ray had released once the actor was up (ray#53727): the restart failed
+    in the creation task until the starter kept the arguments."""
     import time
 
     import ray
+    from test_tianshou_gorila import gradient_steps
 
     pool = collector._actor_pool
+    gradient_steps(algo, buffer, 2, batch_size=16)
+    version_at_kill = collector.collect(n_step=32).weights_version  # published
+    assert version_at_kill == algo.num_gradient_updates
     ray.kill(pool.handles[0], no_restart=False)
     from_restarted: list = []
     noticed = False
     deadline = time.monotonic() + 120  # a restart imports Tianshou and torch again
     while time.monotonic() < deadline:
         results = collector._gather(n_step=32, n_episode=None)
+        gradient_steps(algo, buffer, 1, batch_size=16)
         if noticed:  # only rollouts started after the loss was seen come from the new process
             from_restarted += [r for r in results if r["actor_index"] == 0]
             if from_restarted:
@@ -279,6 +285,11 @@ def assert_a_crashed_actor_comes_back(collector) -> None:
         noticed = pool.stats.failures_per_actor[0] >= 1
     assert noticed, "the killed actor's lost rollout was never counted"
     assert from_restarted, "the killed actor never delivered a rollout again"
+    assert from_restarted[0]["weights_version"] >= version_at_kill
+    assert algo.num_gradient_updates > version_at_kill  # the learner kept training
+    stats = collector.collect(n_step=32)
+    assert stats.actors["failures"] >= 1 and stats.actors["rollouts_lost"] >= 1
+    assert stats.actors["num_actors"] == 2
 
 
 # ---- RLlib ---------------------------------------------------------------------------------------
