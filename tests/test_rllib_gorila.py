@@ -200,6 +200,32 @@ def test_checkpoint_restores_weights_and_replay(algo, tmp_path):
     finally:
         restored.stop()
 
+    # The same (now older) checkpoint restored into the running algorithm: the restored
+    # weights get a version newer than any published, so the parameter server takes them and
+    # the runners pull them. (SEED mode: the next test.)
+    obs = np.random.default_rng(0).normal(size=(8, 4)).astype(np.float32)
+    saved_q = q_values_of(algo.get_module(), obs)
+    for _ in range(2):
+        result = algo.train()
+    version_before = result["gorila"]["learner_weights_version"]
+    assert not np.allclose(q_values_of(algo.get_module(), obs), saved_q)
+    algo.restore_from_path(path)
+    version = algo._learner_weights_version()
+    assert version > version_before
+    np.testing.assert_allclose(q_values_of(algo.get_module(), obs), saved_q, atol=1e-5)
+    assert algo._param_server.pull_if_newer(-1).version == version
+    pulled = algo.env_runner_group.foreach_env_runner(
+        lambda runner: (runner.pull_weights(), runner.weights_version)[1],
+        local_env_runner=False,
+    )
+    assert pulled == [version, version]
+    runner_q = algo.env_runner_group.foreach_env_runner(
+        lambda runner: q_values_of(runner.module, obs), local_env_runner=False
+    )
+    for q in runner_q:
+        np.testing.assert_allclose(q, saved_q, atol=1e-5)
+    algo.train()  # and training goes on from there
+
 
 def q_values_of(module, obs: np.ndarray) -> np.ndarray:
     from ray.rllib.core.columns import Columns
@@ -208,28 +234,23 @@ def q_values_of(module, obs: np.ndarray) -> np.ndarray:
         return module.compute_q_values({Columns.OBS: torch.as_tensor(obs)})["qf_preds"].numpy()
 
 
-@pytest.mark.parametrize("central", [False, True], ids=["runner-weights", "seed-server"])
-def test_restoring_an_older_checkpoint_into_the_running_algorithm_moves_versions_on(
-    ray_session, tmp_path, central
+def test_restoring_an_older_checkpoint_into_the_running_algorithm_reaches_the_server(
+    ray_session, tmp_path
 ):
-    """The restored (older) weights get a version newer than any published before, so the
-    parameter server takes them, the runners pull them and (SEED) the server uses them. The
-    runner-weights run checkpoints without its replay (``replay(checkpoint=False)``): no replay
-    directory, and the restore needs none."""
-    config = small_config(runners=1)
-    if central:
-        config = config.central_inference(
-            enabled=True, num_cpus=0.1, max_batch_size=64, max_wait_ms=1.0
-        )
-    else:
-        config = config.replay(checkpoint=False)
-    algorithm = config.build_algo()
+    """SEED mode: the restored (older) weights get a version newer than any published before,
+    so the parameter server takes them and the server uses them. The run checkpoints without
+    its replay (``replay(checkpoint=False)``): no replay directory, and the restore needs
+    none."""
+    config = small_config(runners=1).central_inference(
+        enabled=True, num_cpus=0.1, max_batch_size=64, max_wait_ms=1.0
+    )
+    algorithm = config.replay(checkpoint=False).build_algo()
     obs = np.random.default_rng(0).normal(size=(8, 4)).astype(np.float32)
     try:
         for _ in range(2):
             algorithm.train()
         path = algorithm.save_to_path(str(tmp_path / "old"))
-        assert (tmp_path / "old" / "replay").exists() == central
+        assert not (tmp_path / "old" / "replay").exists()
         saved_q = q_values_of(algorithm.get_module(), obs)
         for _ in range(2):
             result = algorithm.train()
@@ -243,26 +264,14 @@ def test_restoring_an_older_checkpoint_into_the_running_algorithm_moves_versions
         np.testing.assert_allclose(q_values_of(algorithm.get_module(), obs), saved_q, atol=1e-5)
         held = algorithm._param_server.pull_if_newer(-1)
         assert held.version == version
-        if central:
-            server = algorithm._inference.handle
-            deadline = time.monotonic() + 30
-            while ray.get(server.get_version.remote()) < version:  # fire-and-forget push
-                assert time.monotonic() < deadline, "the server never took the restored weights"
-                time.sleep(0.1)
-            reply = ray.get(server.infer.remote("test-probe", obs))
-            assert reply.version == version
-            np.testing.assert_allclose(reply.outputs["q_values"], saved_q, atol=1e-5)
-        else:
-            pulled = algorithm.env_runner_group.foreach_env_runner(
-                lambda runner: (runner.pull_weights(), runner.weights_version)[1],
-                local_env_runner=False,
-            )
-            assert pulled == [version]
-            runner_q = algorithm.env_runner_group.foreach_env_runner(
-                lambda runner: q_values_of(runner.module, obs), local_env_runner=False
-            )
-            for q in runner_q:
-                np.testing.assert_allclose(q, saved_q, atol=1e-5)
+        server = algorithm._inference.handle
+        deadline = time.monotonic() + 30
+        while ray.get(server.get_version.remote()) < version:  # fire-and-forget push
+            assert time.monotonic() < deadline, "the server never took the restored weights"
+            time.sleep(0.1)
+        reply = ray.get(server.infer.remote("test-probe", obs))
+        assert reply.version == version
+        np.testing.assert_allclose(reply.outputs["q_values"], saved_q, atol=1e-5)
         algorithm.train()  # and training goes on from there
     finally:
         algorithm.stop()
