@@ -205,15 +205,7 @@ def test_checkpoint_restores_weights_and_replay(algo, tmp_path):
     # the runners pull them. (SEED mode: the next test.)
     obs = np.random.default_rng(0).normal(size=(8, 4)).astype(np.float32)
     saved_q = q_values_of(algo.get_module(), obs)
-    for _ in range(2):
-        result = algo.train()
-    version_before = result["gorila"]["learner_weights_version"]
-    assert not np.allclose(q_values_of(algo.get_module(), obs), saved_q)
-    algo.restore_from_path(path)
-    version = algo._learner_weights_version()
-    assert version > version_before
-    np.testing.assert_allclose(q_values_of(algo.get_module(), obs), saved_q, atol=1e-5)
-    assert algo._param_server.pull_if_newer(-1).version == version
+    version = train_on_then_restore(algo, path, obs, saved_q)
     pulled = algo.env_runner_group.foreach_env_runner(
         lambda runner: (runner.pull_weights(), runner.weights_version)[1],
         local_env_runner=False,
@@ -234,6 +226,24 @@ def q_values_of(module, obs: np.ndarray) -> np.ndarray:
         return module.compute_q_values({Columns.OBS: torch.as_tensor(obs)})["qf_preds"].numpy()
 
 
+def train_on_then_restore(algorithm, path: str, obs: np.ndarray, saved_q: np.ndarray) -> int:
+    """Train past the checkpoint at ``path`` (whose Q-values on ``obs`` are ``saved_q``), restore
+    it into the running algorithm and check that its (older) weights came back under a version
+    newer than any published before, which the parameter server holds; returns that version."""
+    for _ in range(2):
+        result = algorithm.train()
+    version_before = result["gorila"]["learner_weights_version"]
+    assert not np.allclose(q_values_of(algorithm.get_module(), obs), saved_q)
+
+    algorithm.restore_from_path(path)
+
+    version = algorithm._learner_weights_version()
+    assert version > version_before
+    np.testing.assert_allclose(q_values_of(algorithm.get_module(), obs), saved_q, atol=1e-5)
+    assert algorithm._param_server.pull_if_newer(-1).version == version
+    return version
+
+
 def test_restoring_an_older_checkpoint_into_the_running_algorithm_reaches_the_server(
     ray_session, tmp_path
 ):
@@ -252,18 +262,7 @@ def test_restoring_an_older_checkpoint_into_the_running_algorithm_reaches_the_se
         path = algorithm.save_to_path(str(tmp_path / "old"))
         assert not (tmp_path / "old" / "replay").exists()
         saved_q = q_values_of(algorithm.get_module(), obs)
-        for _ in range(2):
-            result = algorithm.train()
-        version_before = result["gorila"]["learner_weights_version"]
-        assert not np.allclose(q_values_of(algorithm.get_module(), obs), saved_q)
-
-        algorithm.restore_from_path(path)
-
-        version = algorithm._learner_weights_version()
-        assert version > version_before
-        np.testing.assert_allclose(q_values_of(algorithm.get_module(), obs), saved_q, atol=1e-5)
-        held = algorithm._param_server.pull_if_newer(-1)
-        assert held.version == version
+        version = train_on_then_restore(algorithm, path, obs, saved_q)
         server = algorithm._inference.handle
         deadline = time.monotonic() + 30
         while ray.get(server.get_version.remote()) < version:  # fire-and-forget push
