@@ -454,6 +454,43 @@ def test_killed_shard_restarts_from_snapshot_and_losses_are_counted(make_replay,
     # shard applied just before dying unanswered is re-sent elsewhere; if its snapshot also
     # held it, that one batch of 25 counts twice.)
     assert next_id <= stats["num_inserted"] + stats["items_lost"] <= next_id + 25
+    # The shards' own row counts: every row they acknowledged is stored, evicted or lost.
+    assert stats["rows_acknowledged"] == stats["size"] + stats["rows_evicted"] + stats["items_lost"]
+    assert next_id <= stats["rows_acknowledged"] <= next_id + 25
+
+
+def test_rows_another_process_added_after_the_snapshot_count_as_lost_exactly(make_replay, tmp_path):
+    """The driver's client never saw the rows an actor added after the shard's last snapshot
+    (an actor's replies reach only the actor). The shard dies: its restarted incarnation
+    counts them itself, from the row counters it keeps beside its snapshots, so the driver's
+    ``items_lost`` is exact, not the driver's stale view (it used to read 0 here)."""
+    import ray
+
+    replay = make_replay(
+        num_shards=1,
+        capacity=4_000,
+        snapshot_dir=str(tmp_path / "snap"),
+        snapshot_every_inserts=100,
+        retry_down_shard_after_s=0.2,
+    )
+    assert replay.stats(wait=True)["num_inserted"] == 0  # the driver's view, from now on stale
+
+    @ray.remote(num_cpus=0.1)
+    def insert(client, batches: int) -> None:  # an actor's copy of the client
+        for start in range(0, 25 * batches, 25):
+            ids = np.arange(start, start + 25)
+            client.add({"id": ids, "obs": np.repeat(ids[:, None], 3, 1).astype(np.float32)})
+        client.flush()
+
+    ray.get(insert.remote(replay, 10), timeout=60)  # 250 rows; snapshots at 100 and 200
+    ray.kill(replay.handles[0], no_restart=False)
+    deadline = time.monotonic() + 30
+    while (stats := replay.stats(wait=True))["shard_failures"] == 0 or stats["shards_alive"] < 1:
+        assert time.monotonic() < deadline, "the shard never came back"
+        time.sleep(0.1)
+    assert stats["size"] == 200
+    assert stats["items_lost"] == 50
+    assert stats["rows_acknowledged"] == 250 == stats["size"] + stats["items_lost"]
 
 
 def damage_shard_snapshots(directory, shard: int) -> int:

@@ -244,38 +244,6 @@ def train_on_then_restore(algorithm, path: str, obs: np.ndarray, saved_q: np.nda
     return version
 
 
-def test_restoring_an_older_checkpoint_into_the_running_algorithm_reaches_the_server(
-    ray_session, tmp_path
-):
-    """SEED mode: the restored (older) weights get a version newer than any published before,
-    so the parameter server takes them and the server uses them. The run checkpoints without
-    its replay (``replay(checkpoint=False)``): no replay directory, and the restore needs
-    none."""
-    config = small_config(runners=1).central_inference(
-        enabled=True, num_cpus=0.1, max_batch_size=64, max_wait_ms=1.0
-    )
-    algorithm = config.replay(checkpoint=False).build_algo()
-    obs = np.random.default_rng(0).normal(size=(8, 4)).astype(np.float32)
-    try:
-        for _ in range(2):
-            algorithm.train()
-        path = algorithm.save_to_path(str(tmp_path / "old"))
-        assert not (tmp_path / "old" / "replay").exists()
-        saved_q = q_values_of(algorithm.get_module(), obs)
-        version = train_on_then_restore(algorithm, path, obs, saved_q)
-        server = algorithm._inference.handle
-        deadline = time.monotonic() + 30
-        while ray.get(server.get_version.remote()) < version:  # fire-and-forget push
-            assert time.monotonic() < deadline, "the server never took the restored weights"
-            time.sleep(0.1)
-        reply = ray.get(server.infer.remote("test-probe", obs))
-        assert reply.version == version
-        np.testing.assert_allclose(reply.outputs["q_values"], saved_q, atol=1e-5)
-        algorithm.train()  # and training goes on from there
-    finally:
-        algorithm.stop()
-
-
 def test_stop_does_not_wait_on_runners_blocked_by_the_rate_limiter(ray_session):
     """samples_per_insert=1000: the runners' inserts soon wait for a learner that can never
     catch up. stop() lifts the limiter first, so it neither waits out the limiter's 60 s
@@ -303,29 +271,106 @@ def test_stop_does_not_wait_on_runners_blocked_by_the_rate_limiter(ray_session):
     assert actors_left_since(before) == []
 
 
-def test_killed_env_runner_restarts_and_training_continues(algo):
-    """On the module's algorithm (its last user but the loss checks, which only read the
-    learner): the algorithm is whole again when the test ends."""
-    algo.train()
-    victim = algo.env_runner_group._worker_manager._actors[1]
-    ray.kill(victim, no_restart=False)
-    steps_before = algo.replay().stats(wait=True)["num_inserted"]
-    deadline = time.monotonic() + 120
-    healthy = 0
-    while time.monotonic() < deadline:
-        result = algo.train()
-        healthy = result["gorila"]["num_healthy_env_runners"]
-        if healthy == 2 and algo.replay().stats(wait=True)["num_inserted"] > steps_before + 2000:
-            break
-    assert healthy == 2
-    # The restarted runner acts again (it got the replay handle back) with its own epsilon.
-    counts = dict(
-        algo.env_runner_group.foreach_env_runner(
-            lambda r: (r.worker_index, r.connected),
-            local_env_runner=False,
+@pytest.mark.parametrize(
+    "rounds", [pytest.param(1, id="short"), pytest.param(4, id="long", marks=pytest.mark.long)]
+)
+def test_chaos_then_restoring_an_older_checkpoint_reaches_the_restarted_server(
+    ray_session, tmp_path, rounds
+):
+    """SEED mode, so that every kind of component runs: replay shards, env runners, the
+    parameter server (the learner publishes to it) and the inference server are killed at
+    seeded random times, each once per round (one round in make test, four in make
+    test-long). Training goes on, no iteration waits without bound, every component comes back
+    (the restarted runners reconnected), and every row is accounted for: the shards'
+    acknowledged rows are stored, evicted or lost with a shard, and the rows the runners sent
+    and never saw acknowledged (a killed runner's, or the last ones in flight at the end) are
+    dropped in transit.
+
+    Then a checkpoint taken before the chaos is restored into the running algorithm: its
+    (older) weights get a version newer than any published before, so the parameter server
+    takes them and the restarted inference server uses them. The run checkpoints without its
+    replay (``replay(checkpoint=False)``): no replay directory, and the restore needs none."""
+    from chaos import Chaos, assert_every_row_accounted_for
+
+    ledger = str(tmp_path / "ledger")
+    algorithm = (
+        small_config()
+        .central_inference(enabled=True, num_cpus=0.1, max_batch_size=64, max_wait_ms=1.0)
+        .replay(
+            checkpoint=False,
+            snapshot_dir=str(tmp_path / "snapshots"),
+            snapshot_every_inserts=400,
+            row_ledger_dir=ledger,
+            retry_down_shard_after_s=0.5,
+            timeout_s=20.0,
         )
+        .build_algo()
     )
-    assert counts == {1: True, 2: True}
+    runners = algorithm.env_runner_group._worker_manager._actors
+    chaos = Chaos(
+        {
+            "shard": lambda: algorithm.replay().handles,
+            "env runner": lambda: list(runners.values()),
+            "parameter server": lambda: [algorithm._param_server.handle],
+            "inference server": lambda: [algorithm._inference.handle],
+        },
+        seed=0,
+        rounds=rounds,
+    )
+    obs = np.random.default_rng(0).normal(size=(8, 4)).astype(np.float32)
+    try:
+        for _ in range(2):
+            algorithm.train()
+        path = algorithm.save_to_path(str(tmp_path / "old"))
+        assert not (tmp_path / "old" / "replay").exists()
+        saved_q = q_values_of(algorithm.get_module(), obs)
+
+        longest = 0.0
+        while not chaos.done:
+            started = time.monotonic()
+            result = algorithm.train()
+            longest = max(longest, time.monotonic() - started)
+            chaos.step()
+        version_at_last_kill = result["gorila"]["learner_weights_version"]
+        deadline = time.monotonic() + 120
+        while True:
+            started = time.monotonic()
+            gorila = algorithm.train()["gorila"]
+            longest = max(longest, time.monotonic() - started)
+            if (
+                gorila["num_healthy_env_runners"] == 2
+                and gorila["replay_shards_alive"] == 2
+                and gorila["learner_weights_version"] > version_at_last_kill + 64
+                and not gorila["degraded"]
+            ):
+                break
+            assert time.monotonic() < deadline, (chaos.kills, gorila)
+        assert longest < 60.0, (longest, chaos.kills)  # no iteration waited without bound
+        assert {kill.kind for kill in chaos.kills} == set(chaos.targets)
+        connected = dict(
+            algorithm.env_runner_group.foreach_env_runner(
+                lambda r: (r.worker_index, r.connected), local_env_runner=False
+            )
+        )
+        assert connected == {1: True, 2: True}
+        assert gorila["replay_shard_failures"] >= rounds
+
+        version = train_on_then_restore(algorithm, path, obs, saved_q)
+        server = algorithm._inference.handle
+        deadline = time.monotonic() + 30
+        while ray.get(server.get_version.remote()) < version:  # fire-and-forget push
+            assert time.monotonic() < deadline, "the server never took the restored weights"
+            time.sleep(0.1)
+        reply = ray.get(server.infer.remote("test-probe", obs))
+        assert reply.version == version
+        np.testing.assert_allclose(reply.outputs["q_values"], saved_q, atol=1e-5)
+        algorithm.train()  # and training goes on from there
+
+        for runner in list(runners.values()):  # the end: what was in flight is dropped
+            ray.kill(runner, no_restart=True)
+        assert_every_row_accounted_for(ledger, algorithm.replay())
+    finally:
+        algorithm.stop()
 
 
 def test_episodes_to_rollout_on_hand_built_chunks():

@@ -347,18 +347,33 @@ def test_restore_into_a_different_layout_raises(started_buffer, tmp_path):
 
 # ---- Ray: the collector -------------------------------------------------------------------------
 @pytest.fixture(scope="module")
-def gorila(cluster):
-    """One algorithm, replay and 2x2-env collector shared by the collector and trainer tests."""
+def gorila(cluster, tmp_path_factory):
+    """One algorithm, replay and 2x2-env collector shared by the collector and trainer tests
+    and, last, the chaos run (its replay snapshots and keeps a row ledger for that)."""
     algo = make_algo()
-    buffer = make_buffer()
+    directory = tmp_path_factory.mktemp("gorila")
+    buffer = make_buffer(**chaos_replay_settings(directory))
     collector = None
     try:
         collector = make_collector(algo, buffer)
-        yield SimpleNamespace(algo=algo, buffer=buffer, collector=collector)
+        yield SimpleNamespace(
+            algo=algo, buffer=buffer, collector=collector, ledger=str(directory / "ledger")
+        )
     finally:
         if collector is not None:
             collector.close()
         buffer.close()
+
+
+def chaos_replay_settings(directory) -> dict:
+    """What a chaos run needs of its replay: snapshots, a row ledger, quick retries."""
+    return {
+        "snapshot_dir": str(directory / "snapshots"),
+        "snapshot_every_inserts": 200,
+        "row_ledger_dir": str(directory / "ledger"),
+        "retry_down_shard_after_s": 0.5,
+        "timeout_s": 20.0,
+    }
 
 
 def test_collector_reports_actors_replay_and_policy_lag(gorila):
@@ -620,3 +635,88 @@ def test_seed_mode_actors_act_on_server_q_values_with_their_own_epsilon(cluster)
             assert stats.policy_lag_max == 0 and stats.inference["version"] == 5
         finally:
             collector.close()
+
+
+# ---- Ray: chaos ---------------------------------------------------------------------------------
+def run_chaos(algo, buffer, collector, ledger: str, *, rounds: int, central: bool) -> None:
+    """Replay shards, actors and the weights server (SEED mode: the inference server) are
+    killed at seeded random times while collect() and gradient steps alternate, each once per
+    round. Training goes on, no collect() or step waits without bound, every component comes
+    back, and every row is accounted for: the shards' acknowledged rows are stored, evicted or
+    lost with a shard; the rows the actors sent and never saw acknowledged are dropped in
+    transit. The actors are gone afterwards."""
+    import time
+
+    import ray
+    from chaos import Chaos, assert_every_row_accounted_for
+
+    server = "inference server" if central else "weights server"
+    chaos = Chaos(
+        {
+            "shard": lambda: buffer.client.handles,
+            "actor": lambda: collector._actor_pool.handles,
+            server: lambda: [
+                collector.env.inference.handle if central else collector.env.weights_server.handle
+            ],
+        },
+        seed=1,
+        rounds=rounds,
+    )
+    longest = 0.0
+
+    def train_step():
+        nonlocal longest
+        started = time.monotonic()
+        stats = collector.collect(n_step=64)
+        gradient_steps(algo, buffer, 4)
+        longest = max(longest, time.monotonic() - started)
+        return stats
+
+    failures_before = collector.collect(n_step=64).actors["failures"]
+    while not chaos.done:
+        train_step()
+        chaos.step()
+    updates_at_last_kill = algo.num_gradient_updates
+    deadline = time.monotonic() + 120
+    while True:
+        stats = train_step()
+        if (
+            stats.actors["down"] == 0
+            and buffer.stats(wait=True)["shards_alive"] == 2
+            and stats.policy_lag_max <= 8
+            and algo.num_gradient_updates > updates_at_last_kill + 40
+        ):
+            break
+        assert time.monotonic() < deadline, (chaos.kills, stats.actors)
+    assert longest < 60.0, (longest, chaos.kills)  # nothing waited without bound
+    assert {kill.kind for kill in chaos.kills} == set(chaos.targets)
+    assert buffer.stats()["shard_failures"] >= rounds
+    assert stats.actors["failures"] >= failures_before + rounds
+    for handle in collector._actor_pool.handles:  # the end: what was in flight is dropped
+        ray.kill(handle, no_restart=True)
+    assert_every_row_accounted_for(ledger, buffer.client)
+
+
+def test_chaos_run_on_the_module_collector(gorila):
+    """Last of the module's collector tests (it leaves no actor running): one round of
+    kills, about a minute (make test-long runs four rounds in both modes, below)."""
+    run_chaos(gorila.algo, gorila.buffer, gorila.collector, gorila.ledger, rounds=1, central=False)
+
+
+@pytest.mark.long
+@pytest.mark.parametrize("central", [False, True], ids=["local", "seed"])
+def test_chaos_run_of_four_rounds(cluster, tmp_path, central):
+    from tianshou_plugins import CentralInference
+
+    algo = make_algo()
+    buffer = make_buffer(capacity=3_000, **chaos_replay_settings(tmp_path))
+    collector = None
+    try:
+        collector = make_collector(
+            algo, buffer, central_inference=CentralInference(num_cpus=0.1) if central else None
+        )
+        run_chaos(algo, buffer, collector, str(tmp_path / "ledger"), rounds=4, central=central)
+    finally:
+        if collector is not None:
+            collector.close()
+        buffer.close()

@@ -25,6 +25,7 @@ from rl_dist_ext.replay import snapshot
 from rl_dist_ext.replay.compression import ObsCompression, PackedRows
 from rl_dist_ext.replay.prioritized import PrioritizedReplay
 from rl_dist_ext.replay.rate_limiter import RateLimit, RateLimiter
+from rl_dist_ext.replay.row_counts import ShardRowCounts
 
 log = logging.getLogger(__name__)
 
@@ -63,6 +64,12 @@ class ShardStatus(NamedTuple):
     snapshot_failures: int = 0
     #: the generation this shard's last save() or snapshot wrote (0: none yet)
     saved_generation: int = 0
+    #: rows every incarnation of this shard acknowledged, and what became of them:
+    #: acknowledged == size + evicted + lost (see ShardRowCounts; -1: not counted, the shard
+    #: has no local snapshot location)
+    rows_acknowledged: int = -1
+    rows_evicted: int = -1
+    rows_lost: int = -1
 
 
 class ShardSample(NamedTuple):
@@ -120,11 +127,14 @@ class ReplayShardServer:
         # A fresh shard's first snapshot replaces what the location holds (another run's rows,
         # which must not come back as a fallback); later ones keep the previous generation.
         self._keep_previous_snapshot = False
+        self._row_counts = self._open_row_counts(restarted=restore_snapshot)
         if restore_snapshot and spec.snapshot_uri is not None:
             replay = self._read(spec.snapshot_uri, fall_back=True)
             self._keep_previous_snapshot = True
             if replay is not None:
                 self._adopt(replay)
+        if self._row_counts is not None and restore_snapshot:
+            self._row_counts.restarted_with(self._replay.num_inserted, len(self._replay))
 
     # ---- data path ----------------------------------------------------------------------------
     async def add(
@@ -145,7 +155,10 @@ class ReplayShardServer:
         )
         rows = self._replay.num_inserted
         self._replay.add(batch, priorities)
-        self._limiter.inserted(self._replay.num_inserted - rows if count is None else count)
+        added = self._replay.num_inserted - rows
+        if self._row_counts is not None:  # before the snapshot: a restart never counts less
+            self._row_counts.added(added, self._replay.num_inserted, len(self._replay))
+        self._limiter.inserted(added if count is None else count)
         await self._notify()
         self._maybe_snapshot()
         return self.status()
@@ -200,7 +213,19 @@ class ReplayShardServer:
             snapshots_rejected=self._snapshots_rejected,
             snapshot_failures=self._snapshot_failures,
             saved_generation=self._saved_generation,
+            **self._row_accounting(),
         )
+
+    def _row_accounting(self) -> dict[str, int]:
+        counts = self._row_counts
+        if counts is None or not counts.exact:
+            return {}
+        num_inserted, size = self._replay.num_inserted, len(self._replay)
+        return {
+            "rows_acknowledged": counts.acknowledged,
+            "rows_evicted": counts.evicted(num_inserted, size),
+            "rows_lost": counts.lost,
+        }
 
     async def save(self, uri: str) -> ShardStatus:
         """Write a snapshot generation at the location ``uri``."""
@@ -236,6 +261,8 @@ class ReplayShardServer:
             )
         self._adopt(self._prepared)
         self._prepared = None
+        if self._row_counts is not None:
+            self._row_counts.reset(self._replay.num_inserted, len(self._replay))
         await self._notify()
         return self.status()
 
@@ -252,6 +279,8 @@ class ReplayShardServer:
         self._limiter.reset_balanced(0)
         self._inserts_at_snapshot = 0
         self._restored_num_inserted = 0
+        if self._row_counts is not None:
+            self._row_counts.reset(0, 0)
         await self._notify()
         return self.status()
 
@@ -278,6 +307,15 @@ class ReplayShardServer:
             seed=spec.seed,
             compression=spec.compression,
         )
+
+    def _open_row_counts(self, *, restarted: bool) -> ShardRowCounts | None:
+        """The shard's row counters, in its snapshot location when that is local (per add, a
+        write to an object store would cost a request); ``None`` otherwise."""
+        uri = self._spec.snapshot_uri
+        if uri is None or not snapshot.is_local(uri):
+            return None
+        _, path = snapshot.filesystem(uri)
+        return ShardRowCounts(f"{path}/{ShardRowCounts.FILE}", restarted=restarted)
 
     def _write(self, uri: str) -> None:
         state, columns = self._replay.snapshot()

@@ -37,7 +37,12 @@ config, so it pickles: actors and learners each get their own copy.
   :class:`RateLimitTimeout`.
 - A shard whose actor dies is restarted by Ray and reloads its latest snapshot (when
   ``snapshot_dir`` is set). Meanwhile the client samples from the others and inserts elsewhere;
-  rows lost (inserted after the snapshot) are counted in ``stats()``.
+  rows lost (inserted after the snapshot) are counted in ``stats()``: exactly, by the shard
+  itself, when its snapshot location is local (it keeps row counters there).
+- Every row can be accounted for: the shards' ``rows_acknowledged == size + rows_evicted +
+  items_lost``; with ``row_ledger_dir`` set, each client also counts the rows it sent and saw
+  acknowledged, and :func:`~.ledger.account_rows` adds it all up (rows sent by an actor that
+  died before the answer came are dropped in transit).
 - ``stats()`` reports from the statuses the client already has (never waits); ``stats(wait=True)``
   and ``refresh()`` ask every shard first.
 
@@ -52,6 +57,7 @@ from rl_dist_ext.replay.distributed.config import (
     ReplayTimeout,
     ReplayUnavailable,
 )
+from rl_dist_ext.replay.distributed.ledger import RowAccount, account_rows
 from rl_dist_ext.replay.shard import RateLimitTimeout
 
 __all__ = [
@@ -60,5 +66,7 @@ __all__ = [
     "RateLimitTimeout",
     "ReplayTimeout",
     "ReplayUnavailable",
+    "RowAccount",
+    "account_rows",
     "check_snapshot_dir_reachable",
 ]

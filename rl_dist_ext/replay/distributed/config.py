@@ -66,6 +66,10 @@ class DistributedReplayConfig:
     - ``seed``: seeds the shards' samplers (shard ``i`` gets ``seed + i``).
     - ``compression`` (pixel observations, see :mod:`rl_dist_ext.replay.compression`): clients
       compress before sending, shards store the blobs and decompress when sampling.
+    - ``row_ledger_dir``: a local directory (every node's: a shared mount) where each client
+      that adds rows keeps its row counters, so that a run's rows can be accounted for after
+      any process died (:func:`~rl_dist_ext.replay.distributed.ledger.account_rows`); one
+      small write per add and acknowledgement. ``None``: no ledger.
     """
 
     num_shards: int = 2
@@ -92,6 +96,7 @@ class DistributedReplayConfig:
     seed: int | None = None
     compression: ObsCompression | None = None
     shard_placement: str = "DEFAULT"
+    row_ledger_dir: str | None = None
 
     def __post_init__(self) -> None:
         check_int("num_shards", self.num_shards, 1)
@@ -149,6 +154,17 @@ class DistributedReplayConfig:
                 "shard_placement applies outside a placement group only; with placement_group "
                 "set, the group's own strategy places the shards"
             )
+        if self.row_ledger_dir is not None:
+            if not isinstance(self.row_ledger_dir, str) or not snapshot.is_local(
+                self.row_ledger_dir
+            ):
+                raise ValueError(
+                    "row_ledger_dir must be a local directory path (every client writes its "
+                    f"file there) or None, got {self.row_ledger_dir!r}"
+                )
+            # the clients in other processes name the same place
+            path = self.row_ledger_dir.removeprefix("file://")
+            object.__setattr__(self, "row_ledger_dir", snapshot.resolve(path))
         if self.compression is not None and not isinstance(self.compression, ObsCompression):
             raise TypeError(
                 "compression must be an ObsCompression or None, got "

@@ -18,6 +18,7 @@ import numpy as np
 
 from rl_dist_ext.replay.compression import PackedRows
 from rl_dist_ext.replay.distributed.config import ReplayTimeout, ReplayUnavailable
+from rl_dist_ext.replay.distributed.ledger import ClientLedger
 from rl_dist_ext.replay.distributed.shards import ShardSet, actor_errors, shard_error
 from rl_dist_ext.replay.shard import RateLimitTimeout
 
@@ -42,6 +43,8 @@ class Inserter:
         self._shards = shards
         self._adds: deque[PendingAdd] = deque()
         self.adds_rerouted = 0
+        directory = shards.config.row_ledger_dir
+        self._ledger = None if directory is None else ClientLedger(directory)
 
     def add(
         self,
@@ -54,6 +57,8 @@ class Inserter:
         while len(self._adds) >= self._shards.config.max_in_flight_adds:
             self._reap(block=True)
         add = PendingAdd(None, -1, batch, priorities, rows, count, time.monotonic())
+        if self._ledger is not None:
+            self._ledger.sent(rows)
         self._route(add)
         self._adds.append(add)
 
@@ -96,6 +101,8 @@ class Inserter:
                 continue
             try:
                 shards.observe(add.shard, ray.get(add.ref))
+                if self._ledger is not None:
+                    self._ledger.acknowledged(add.rows)
             except RateLimitTimeout:
                 shards.note_closed(add.shard, inserts=True)
                 if time.monotonic() - add.first_sent > config.timeout_s:
@@ -124,6 +131,8 @@ class Inserter:
                         f"{type(error).__name__})"
                     ) from None
                 self.adds_rerouted += 1
+                if self._ledger is not None:
+                    self._ledger.resent(add.rows)
                 if shards.all_down():
                     time.sleep(0.05)  # every shard is restarting: don't spin on failing calls
                 self._route(add)

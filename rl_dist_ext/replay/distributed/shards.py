@@ -6,7 +6,9 @@ requests go to every shard every ``status_refresh_s`` without waiting (:meth:`Sh
 so the view stays current even for shards this client never calls. Inserts go round-robin to
 live shards whose rate limiter takes them; samples to live shards that let them through, by
 priority mass. A shard that restarted (new incarnation) is noticed from its next status, and
-the rows it lost (inserted after its snapshot) are counted.
+the rows it lost (inserted after its snapshot) are counted: exactly by the shard itself where
+it keeps row counters (a local snapshot location: ``ShardStatus.rows_lost``), else from what
+this client saw it acknowledge.
 """
 
 from __future__ import annotations
@@ -64,6 +66,8 @@ class ShardView:
     status: ShardStatus | None = None
     down_until: float = 0.0
     max_num_inserted_seen: int = 0
+    #: rows this client saw lost in the shard's restarts (used where the shard has no counters)
+    lost_seen: int = 0
 
 
 class ShardSet:
@@ -77,7 +81,6 @@ class ShardSet:
         self._next_insert = int(self.rng.integers(len(handles)))
         self._status_requests: dict[int, Any] = {}  # shard -> get_status ref in flight
         self._statuses_asked_at = -math.inf
-        self.items_lost = 0
         self.shard_failures = 0
         #: per shard, the incarnations this client drew rows from, in order (see global_keys)
         self._incarnations: list[list[str]] = [[] for _ in handles]
@@ -85,6 +88,15 @@ class ShardSet:
     @property
     def num_shards(self) -> int:
         return len(self.handles)
+
+    @property
+    def items_lost(self) -> int:
+        """Rows lost with shard restarts: each shard's own count where it keeps one, else what
+        this client saw."""
+        return sum(
+            v.status.rows_lost if v.status is not None and v.status.rows_lost >= 0 else v.lost_seen
+            for v in self.views
+        )
 
     # ---- keys ---------------------------------------------------------------------------------
     def global_keys(self, shard: int, local_keys: np.ndarray, incarnation: str) -> np.ndarray:
@@ -144,7 +156,9 @@ class ShardSet:
             return  # a reply that arrived after a newer one: keep the newer view
         if view.status is not None and view.status.incarnation != status.incarnation:
             lost = max(0, view.max_num_inserted_seen - status.restored_num_inserted)
-            self.items_lost += lost
+            view.lost_seen += lost
+            if status.rows_lost >= 0 and view.status.rows_lost >= 0:
+                lost = status.rows_lost - view.status.rows_lost  # the shard's exact count
             log.warning(
                 "replay shard %d restarted with %d rows from its snapshot; %d rows inserted "
                 "after the snapshot were lost%s",
@@ -225,7 +239,7 @@ class ShardSet:
     def forget(self) -> None:
         """Drop every view and status request in flight (the shards' contents were replaced)."""
         self._status_requests.clear()
-        self.views = [ShardView() for _ in self.handles]
+        self.views = [ShardView(lost_seen=v.lost_seen) for v in self.views]
 
     # ---- routing ------------------------------------------------------------------------------
     def pick_insert_shard(self) -> int:

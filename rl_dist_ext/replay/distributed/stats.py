@@ -74,6 +74,11 @@ class ReplayStats:
             "sample_wait_fraction": sampler.wait_s / sampling_for if sampling_for > 0 else 0.0,
             "stale_updates": sum(s.stale_updates for s in alive),
             "items_lost": shards.items_lost,
+            # every row the live shards acknowledged (over their restarts) and what became of
+            # it: rows_acknowledged == size + rows_evicted + items_lost (-1: a shard without
+            # a local snapshot location keeps no row counters)
+            "rows_acknowledged": _row_total(alive, "rows_acknowledged"),
+            "rows_evicted": _row_total(alive, "rows_evicted"),
             # damaged snapshot generations the shards skipped when they restarted (falling
             # back to an older one, or starting empty: their rows count in items_lost)
             "snapshots_rejected": sum(s.snapshots_rejected for s in alive),
@@ -87,3 +92,8 @@ class ReplayStats:
                 raw_row_bytes * size / storage_bytes if storage_bytes and raw_row_bytes else 1.0
             ),
         }
+
+
+def _row_total(statuses: list, field: str) -> int:
+    values = [getattr(s, field) for s in statuses]
+    return sum(values) if values and min(values) >= 0 else -1
