@@ -641,3 +641,44 @@ def test_global_keys_name_the_shard_incarnation_their_rows_came_from():
     assert {k: m.tolist() for k, m in shards.split_keys(foreign).items()} == {
         (1, None): [True, True]
     }
+
+
+def test_client_ledgers_add_up_and_the_account_needs_the_shards_counts(tmp_path):
+    from rl_dist_ext.replay.distributed import account_rows
+    from rl_dist_ext.replay.distributed.ledger import ClientLedger, read_ledgers
+
+    assert read_ledgers(str(tmp_path)) == {"sent": 0, "acknowledged": 0, "resent": 0, "clients": 0}
+    first, second, sampler = (ClientLedger(str(tmp_path)) for _ in range(3))
+    first.sent(10)
+    first.acknowledged(10)
+    second.sent(7)  # its actor died before the answer
+    second.resent(7)
+    del sampler  # a client that never adds leaves no file
+    assert read_ledgers(str(tmp_path)) == {
+        "sent": 17,
+        "acknowledged": 10,
+        "resent": 7,
+        "clients": 2,
+    }
+    stats = {"rows_acknowledged": 17, "size": 12, "rows_evicted": 3, "items_lost": 2}
+    account = account_rows(str(tmp_path), stats)
+    assert (account.dropped_in_transit, account.shards_balance) == (7, True)
+    assert account.clients_within_shards
+    assert not account_rows(str(tmp_path), {**stats, "rows_acknowledged": 9}).clients_within_shards
+    with pytest.raises(ValueError, match="keep no row counts"):
+        account_rows(str(tmp_path), {**stats, "rows_acknowledged": -1})
+    (tmp_path / "client-broken.rows").write_bytes(b"\0" * 5)
+    with pytest.raises(ValueError, match=r"client-broken\.rows is not a row ledger"):
+        read_ledgers(str(tmp_path))
+
+
+def test_row_ledger_dir_must_be_a_local_directory(tmp_path, monkeypatch):
+    from rl_dist_ext.replay.distributed import DistributedReplayConfig
+
+    monkeypatch.chdir(tmp_path)
+    assert DistributedReplayConfig(row_ledger_dir="ledger").row_ledger_dir == str(
+        tmp_path / "ledger"
+    )  # made absolute: clients in other processes name the same place
+    for bad in ("s3://bucket/ledger", 3):
+        with pytest.raises(ValueError, match="row_ledger_dir must be a local directory"):
+            DistributedReplayConfig(row_ledger_dir=bad)
