@@ -682,3 +682,17 @@ def test_row_ledger_dir_must_be_a_local_directory(tmp_path, monkeypatch):
     for bad in ("s3://bucket/ledger", 3):
         with pytest.raises(ValueError, match="row_ledger_dir must be a local directory"):
             DistributedReplayConfig(row_ledger_dir=bad)
+
+
+def test_a_shard_that_dies_again_while_restarting_keeps_the_counts_of_the_one_before(tmp_path):
+    from rl_dist_ext.replay.row_counts import ShardRowCounts
+
+    path = str(tmp_path / "rows.counts")
+    first = ShardRowCounts(path, restarted=False)
+    first.added(30, num_inserted=30, size=30)
+    ShardRowCounts(path, restarted=True)  # dies reading its snapshot, before taking over
+    again = ShardRowCounts(path, restarted=True)
+    assert again.exact
+    assert again.restarted_with(num_inserted=20, size=20) == 10  # rows 20..29 are gone
+    assert (again.acknowledged, again.lost, again.evicted(20, 20)) == (30, 10, 0)
+    assert not ShardRowCounts(str(tmp_path / "none.counts"), restarted=True).exact

@@ -95,7 +95,9 @@ class ShardRowCounts:
         previous = read_counts(path, self.NAMES) if restarted else None
         #: False after a restart that found no counts to carry on (exact losses are unknown)
         self.exact = previous is not None or not restarted
-        self._counts = RowCounts(path, self.NAMES, fresh=True)
+        # a restarted one keeps the dead one's counts in the file until it took over from them
+        # (restarted_with): dying again before that loses nothing
+        self._counts = RowCounts(path, self.NAMES, fresh=not restarted)
         self._previous = previous
 
     def restarted_with(self, num_inserted: int, size: int) -> int:
