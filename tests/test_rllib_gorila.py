@@ -272,14 +272,14 @@ def test_stop_does_not_wait_on_runners_blocked_by_the_rate_limiter(ray_session):
 
 
 @pytest.mark.parametrize(
-    "rounds", [pytest.param(1, id="short"), pytest.param(4, id="long", marks=pytest.mark.long)]
+    "rounds", [pytest.param(1, id="short"), pytest.param(10, id="long", marks=pytest.mark.long)]
 )
 def test_chaos_then_restoring_an_older_checkpoint_reaches_the_restarted_server(
     ray_session, tmp_path, rounds
 ):
     """SEED mode, so that every kind of component runs: replay shards, env runners, the
     parameter server (the learner publishes to it) and the inference server are killed at
-    seeded random times, each once per round (one round in make test, four in make
+    seeded random times, each once per round (one round in make test, ten in make
     test-long). Training goes on, no iteration waits without bound, every component comes back
     (the restarted runners reconnected), and every row is accounted for: the shards'
     acknowledged rows are stored, evicted or lost with a shard, and the rows the runners sent

@@ -699,13 +699,14 @@ def run_chaos(algo, buffer, collector, ledger: str, *, rounds: int, central: boo
 
 def test_chaos_run_on_the_module_collector(gorila):
     """Last of the module's collector tests (it leaves no actor running): one round of
-    kills, about a minute (make test-long runs four rounds in both modes, below)."""
+    kills, about a minute (make test-long runs ten rounds in both modes, about three minutes
+    each, below)."""
     run_chaos(gorila.algo, gorila.buffer, gorila.collector, gorila.ledger, rounds=1, central=False)
 
 
 @pytest.mark.long
 @pytest.mark.parametrize("central", [False, True], ids=["local", "seed"])
-def test_chaos_run_of_four_rounds(cluster, tmp_path, central):
+def test_chaos_run_of_ten_rounds(cluster, tmp_path, central):
     from tianshou_plugins import CentralInference
 
     algo = make_algo()
@@ -715,7 +716,7 @@ def test_chaos_run_of_four_rounds(cluster, tmp_path, central):
         collector = make_collector(
             algo, buffer, central_inference=CentralInference(num_cpus=0.1) if central else None
         )
-        run_chaos(algo, buffer, collector, str(tmp_path / "ledger"), rounds=4, central=central)
+        run_chaos(algo, buffer, collector, str(tmp_path / "ledger"), rounds=10, central=central)
     finally:
         if collector is not None:
             collector.close()

@@ -211,9 +211,10 @@ class DistributedReplay:
                 lambda i, h: h.prepare_restore.remote(checkpoints.shard_file(path, i), pinned[i]),
             )
             self._replace_contents("restore", lambda i, h: h.commit_restore.remote())
-        finally:  # whatever happened, no shard keeps a prepared copy (a second replay's memory)
+        except BaseException:  # no shard keeps a prepared copy (a second replay's memory)
             for handle in self._shards.handles:
                 handle.abort_restore.remote()
+            raise
 
     def clear(self) -> None:
         """Drop every row in every shard; keys sampled before are stale from now on."""
