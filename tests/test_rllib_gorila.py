@@ -316,6 +316,7 @@ def test_chaos_then_restoring_an_older_checkpoint_reaches_the_restarted_server(
         },
         seed=0,
         rounds=rounds,
+        gap_s=(0.5, 2.5),
     )
     obs = np.random.default_rng(0).normal(size=(8, 4)).astype(np.float32)
     try:
@@ -340,7 +341,7 @@ def test_chaos_then_restoring_an_older_checkpoint_reaches_the_restarted_server(
             if (
                 gorila["num_healthy_env_runners"] == 2
                 and gorila["replay_shards_alive"] == 2
-                and gorila["learner_weights_version"] > version_at_last_kill + 64
+                and gorila["learner_weights_version"] > version_at_last_kill + 32
                 and not gorila["degraded"]
             ):
                 break

@@ -832,6 +832,10 @@ def test_checkpoint_restores_into_a_fresh_algorithm_and_training_continues(seed_
 # ---- faults and shutdown (an algorithm of their own) ---------------------------------------------
 
 
+# make test-long: in make test, tests/test_multi_node.py restarts a VTrace SEED runner and its
+# server on a new node (reconnected, weights pushed again, training on), and the GorilaDQN chaos
+# run kills runners and the same inference server
+@pytest.mark.long
 def test_killed_runner_and_inference_server_restart_and_stop_leaves_no_actors(ray_session):
     """One algorithm, two faults in turn. A killed runner is restarted by RLlib and registers
     with the server again under its old name. A killed server is restarted by Ray with initial
