@@ -43,9 +43,6 @@ class RowCounts:
             self._values[self.names.index(name)] += delta
         self._write()
 
-    def as_dict(self) -> dict[str, int]:
-        return {name: int(value) for name, value in zip(self.names, self._values, strict=True)}
-
     def close(self) -> None:
         if self._fd >= 0:
             os.close(self._fd)
