@@ -12,7 +12,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 TORCH_SPEC ?= torch==2.13.0
 
-.PHONY: demo test test-fast test-long lint bench clean
+.PHONY: demo test test-fast test-long docs lint bench clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -33,6 +33,12 @@ test-fast: $(STAMP)
 test-long: $(STAMP)
 	$(PY) -m pytest -m "long or learning" $(PYTEST_ARGS)
 
+# The documentation site (MkDocs Material) in site/: the configuration reference is written
+# from the code first; --strict fails on a broken link, reference or docstring.
+docs: $(STAMP)
+	$(PY) docs/gen_configuration.py
+	$(VENV)/bin/mkdocs build --strict
+
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
@@ -42,4 +48,4 @@ bench: $(STAMP)
 	$(PY) benchmarks/distributed_replay_bench.py
 
 clean:
-	rm -rf $(VENV) runs .pytest_cache
+	rm -rf $(VENV) runs site .pytest_cache

@@ -4,8 +4,7 @@
 ``ray start --address=<head>:6379`` to add this machine to one); ``--address ray://<head>:10001``
 connects through Ray Client (e.g. to a KubeRay cluster's head service). On a cluster of several
 machines, replay snapshots and checkpoints must go to storage every node reaches (``--out`` and
-``snapshot_dir`` as an ``s3://``/``gs://`` URI or a shared mount): see README, "Running on a Ray
-cluster".
+``snapshot_dir`` as an ``s3://``/``gs://`` URI or a shared mount): see docs/clusters.md.
 """
 
 from __future__ import annotations

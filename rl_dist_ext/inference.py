@@ -86,12 +86,13 @@ class CentralInference:
     """SEED mode's settings, the one definition both adapters build: the server's batching
     (:class:`InferenceServerConfig`'s defaults) and its resources.
 
-    - ``max_batch_size``: observations per server forward pass (at most); ``max_wait_ms``:
-      how long the oldest queued request may wait for more (a batch runs at once when every
-      active caller has a request queued).
-    - ``num_cpus``: Ray CPUs of the server actor (its own placement-group bundle under Tune).
-      ``num_gpus``: its GPUs (the policy then runs on ``"cuda"``); ``"auto"``: 0.5 of a GPU
-      when the Ray cluster has one, else 0.
+    Attributes:
+        max_batch_size: observations per server forward pass (at most).
+        max_wait_ms: how long the oldest queued request may wait for more, in milliseconds (a
+            batch runs at once when every active caller has a request queued).
+        num_cpus: Ray CPUs of the server actor (its own placement-group bundle under Tune).
+        num_gpus: the server's GPUs (the policy then runs on ``"cuda"``); ``"auto"``: 0.5 of a
+            GPU when the Ray cluster has one, else 0.
     """
 
     max_batch_size: int = InferenceServerConfig.max_batch_size

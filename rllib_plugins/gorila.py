@@ -144,7 +144,7 @@ class GorilaDQNConfig(CentralInferenceSettingsMixin, DQNConfig):
     def __init__(self, algo_class: type | None = None) -> None:
         super().__init__(algo_class=algo_class or GorilaDQN)
         # RLlib settings with Gorila defaults, chosen so that the defaults learn CartPole on a
-        # 2-core laptop and stay learned (benchmarks/results, README "Choosing the defaults").
+        # 2-core laptop and stay learned (docs/benchmarks.md, "Choosing the defaults").
         self.n_step = 3
         self.lr = 1e-3
         self.train_batch_size_per_learner = 128
@@ -196,10 +196,24 @@ class GorilaDQNConfig(CentralInferenceSettingsMixin, DQNConfig):
         weights_encoding: str = NotProvided,
         **kwargs: Any,
     ) -> Self:
-        """DQN's ``training()`` settings plus the Gorila ones (see the class docstring).
+        """DQN's ``training()`` settings plus the Gorila ones.
 
-        ``weights_encoding``: how published weights travel to the runners: ``"fp32"`` (exact,
-        the default), ``"fp16"`` or ``"int8"`` (see ``rl_dist_ext.weight_compression``)."""
+        Args:
+            target_update_every_n_updates: the target network is hard-updated every C
+                *gradient updates* (DQN's ``target_network_update_freq`` counts env steps and
+                is refused).
+            weight_sync_every_n_steps: env runners pull newer weights every K of their env
+                steps.
+            updates_per_iteration: gradient updates per ``train()`` call.
+            env_steps_per_request: env steps per acting request to a runner.
+            publish_every_n_updates: the learner publishes its weights every this many
+                gradient updates.
+            epsilon_base: the Ape-X epsilon ladder's base: runner ``i`` of ``N`` explores with
+                ``epsilon_base ** (1 + (i - 1) / (N - 1) * epsilon_alpha)``.
+            epsilon_alpha: the ladder's exponent.
+            weights_encoding: how published weights travel to the runners: ``"fp32"`` (exact),
+                ``"fp16"`` or ``"int8"`` (see ``rl_dist_ext.weight_compression``).
+        """
         super().training(**kwargs)
         if target_update_every_n_updates is not NotProvided:
             self.target_update_every_n_updates = target_update_every_n_updates

@@ -146,7 +146,12 @@ class VTraceConfig(CentralInferenceSettingsMixin, IMPALAConfig):
         return VTraceTorchLearner
 
     def training(self, *, vtrace_lambda: float = NotProvided, **kwargs: Any):
-        """IMPALA's ``training()`` settings plus ``vtrace_lambda`` (trace factor in [0, 1])."""
+        """IMPALA's ``training()`` settings plus V-trace's lambda.
+
+        Args:
+            vtrace_lambda: V-trace's trace factor in [0, 1] (1: the paper's targets; below 1 the
+                policy-gradient advantage bootstraps as rlax does).
+        """
         super().training(**kwargs)
         if vtrace_lambda is not NotProvided:
             self.vtrace_lambda = vtrace_lambda

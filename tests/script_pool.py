@@ -1,6 +1,6 @@
-"""Script runs (example smokes, README snippets) in the background of the whole test session,
-at low CPU priority, each in a fresh process forked from one that has imported the heavy
-libraries once.
+"""Script runs (example smokes, the code blocks of the README and the docs) in the background
+of the whole test session, at low CPU priority, each in a fresh process forked from one that
+has imported the heavy libraries once.
 
 A script run mostly pays for start-up: Python importing torch, Ray, RLlib, Tianshou and
 matplotlib (4-8 s of CPU per script here), Ray starting and stopping, actor processes importing

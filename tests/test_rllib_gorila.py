@@ -8,6 +8,7 @@ import time
 import numpy as np
 import pytest
 import torch
+from metrics_keys import documented_keys, undocumented
 
 ray = pytest.importorskip("ray")
 
@@ -147,6 +148,15 @@ def test_impossible_resource_ask_raises_before_any_actor_starts(ray_session):
     assert alive_actors() == before
 
 
+def flat_keys(tree: dict, prefix: str = "") -> set[str]:
+    """``a/b`` paths of a nested result dict."""
+    keys = set()
+    for key, value in tree.items():
+        path = f"{prefix}{key}"
+        keys |= flat_keys(value, f"{path}/") if isinstance(value, dict) else {path}
+    return keys
+
+
 def test_each_runner_keeps_its_apex_epsilon_across_weight_syncs(algo):
     from rl_dist_ext.exploration import apex_epsilons
 
@@ -165,8 +175,16 @@ def test_each_runner_keeps_its_apex_epsilon_across_weight_syncs(algo):
     gorila = result["gorila"]
     assert gorila["epsilon_runner_1"] == pytest.approx(0.4)
     assert gorila["epsilon_runner_2"] == pytest.approx(0.4**8)
-    for key in ("env_steps_per_s", "replay_size", "replay_samples_per_insert", "policy_lag_mean"):
-        assert key in gorila
+    # docs/metrics.md lists exactly what an iteration reports (and the learner's, timers' keys)
+    progress = documented_keys("RLlib GorilaDQN progress")
+    assert not undocumented(gorila, progress)
+    assert {key for key in progress if "<" not in key} <= set(gorila)
+    for section, reported in (
+        ("RLlib GorilaDQN learner", flat_keys(result["learners"])),
+        ("RLlib GorilaDQN timers", set(result["timers"])),
+    ):
+        documented = {k.replace("<module>", "default_policy") for k in documented_keys(section)}
+        assert documented <= reported, (section, documented - reported)
 
 
 def test_checkpoint_restores_weights_and_replay(algo, tmp_path):

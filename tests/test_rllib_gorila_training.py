@@ -1,6 +1,6 @@
 """GorilaDQN end to end: learning within an env-step budget.
 
-Tune runs GorilaDQN by name in the README's RLlib snippet (``tests/test_readme_snippets.py``);
+Tune runs GorilaDQN by name in the RLlib guide's snippet (``tests/test_doc_snippets.py``);
 a 2-trial grid search runs in ``tests/test_rllib_vtrace_training.py`` (the same placement-group
 path, for VTrace).
 """

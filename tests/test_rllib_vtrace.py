@@ -16,6 +16,7 @@ import gymnasium as gym
 import numpy as np
 import pytest
 import torch
+from metrics_keys import documented_keys
 
 ray = pytest.importorskip("ray")
 
@@ -659,6 +660,12 @@ def test_seed_mode_reports_server_metrics_and_policy_lag(seed_algo):
             break
     for key in METRIC_KEYS:
         assert key in metrics, key
+    # docs/metrics.md lists exactly the server's keys and VTrace's health keys
+    documented = documented_keys("InferenceServer.stats()")
+    assert set(metrics) == documented
+    assert set(result["vtrace"]) == documented_keys("RLlib VTrace health")
+    runner_keys = documented_keys("RLlib VTrace env runners")
+    assert runner_keys <= set(result["env_runners"])
     assert metrics["requests_per_s"] > 0
     # A runner's request carries the observations of its 4 envs.
     assert metrics["mean_batch_rows"] >= 4

@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 import torch
 from conftest import alive_actor_ids, wait_until_not_alive
+from metrics_keys import documented_keys, undocumented
 from tianshou.algorithm.modelfree.dqn import DiscreteQLearningPolicy
 from tianshou.algorithm.optim import AdamOptimizerFactory
 from tianshou.data import Batch, Collector, ReplayBuffer
@@ -507,6 +508,18 @@ def test_offpolicy_trainer_runs_and_logs_gorila_fields(gorila, tmp_path):
     assert len(epsilons) >= 2 and np.allclose(epsilons, 0.4)
     size_tag = next(tag for tag in tags if tag.endswith("replay/size"))
     assert max(e.value for e in events.Scalars(size_tag)) >= 64
+    # docs/metrics.md lists every key the logger wrote for the collector and the algorithm
+    logged: dict[str, set[str]] = {"training": set(), "update": set()}
+    for tag in tags:
+        kind, _, key = tag.partition("/")
+        if kind in logged:
+            logged[kind].add(key)
+    collect_keys = documented_keys("Tianshou ActorCollectStats") | documented_keys(
+        "Tianshou GorilaCollectStats"
+    )
+    assert logged["training"] and not undocumented(logged["training"], collect_keys)
+    training_keys = documented_keys("Tianshou GorilaTrainingStats")
+    assert logged["update"] and not undocumented(logged["update"], training_keys)
 
 
 def test_trainer_asking_more_updates_than_the_rate_limiter_allows_keeps_the_actors_acting(cluster):

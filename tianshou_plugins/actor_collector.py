@@ -85,16 +85,18 @@ class ActorFleet:
     ``GorilaParams`` and ``VTraceActorParams``. These defaults are GorilaDQN's;
     :data:`VTRACE_FLEET` says where V-trace's differ, and why.
 
-    - ``num_actors``: actor processes; ``envs_per_actor``: envs each steps (one
-      ``DummyVectorEnv``); ``steps_per_env``: env steps per env in one rollout (a V-trace
-      trajectory's length ``T``).
-    - ``weight_sync_every_n_steps``: an actor's env steps between weight pulls.
-    - ``max_in_flight_per_actor``: rollouts queued per actor (how far acting runs ahead).
-    - ``num_cpus_per_actor``: Ray CPUs per actor (fractional: they step small envs and wait).
-    - ``seed``: seeds the actors' envs and exploration; ``timeout_s``: the longest
-      ``collect()`` waits for actors (and actors to start).
-    - ``weights_encoding``: how weights travel to the actors: ``"fp32"`` (exact), ``"fp16"``
-      or ``"int8"`` (``rl_dist_ext.weight_compression``).
+    Attributes:
+        num_actors: actor processes.
+        envs_per_actor: envs each actor steps (one ``DummyVectorEnv``).
+        steps_per_env: env steps per env in one rollout (a V-trace trajectory's length ``T``).
+        weight_sync_every_n_steps: an actor's env steps between weight pulls.
+        max_in_flight_per_actor: rollouts queued per actor (how far acting runs ahead).
+        num_cpus_per_actor: Ray CPUs per actor (fractional: they step small envs and wait).
+        seed: seeds the actors' envs and exploration; ``None``: random.
+        timeout_s: the longest ``collect()`` waits for actors (and actors to start), in
+            seconds.
+        weights_encoding: how weights travel to the actors: ``"fp32"`` (exact), ``"fp16"`` or
+            ``"int8"`` (``rl_dist_ext.weight_compression``).
     """
 
     num_actors: int = 4

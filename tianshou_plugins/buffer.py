@@ -36,6 +36,11 @@ class DistributedPrioritizedReplayBuffer:
     ``beta`` (the importance-sampling exponent) can be changed later with :meth:`set_beta`, as
     with Tianshou's ``PrioritizedReplayBuffer``; ``sample`` waits until the shards hold
     ``min_size_to_sample`` rows.
+
+    Args:
+        capacity: rows over all shards (``DistributedReplayConfig.capacity``).
+        config: the replay's settings (default ``DistributedReplayConfig()``); keyword settings
+            replace its fields.
     """
 
     def __init__(

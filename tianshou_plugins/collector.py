@@ -95,7 +95,9 @@ class GorilaCollector(RayActorCollector[GorilaCollectStats]):
         fleet: the actors (:class:`~tianshou_plugins.actor_collector.ActorFleet`); its fields
             may also be given as keywords (``num_actors=2, envs_per_actor=4``), which replace
             those of ``fleet`` (default ``ActorFleet()``).
-        epsilon_base, epsilon_alpha: the Ape-X epsilon ladder.
+        epsilon_base: the Ape-X epsilon ladder's base (actor ``i`` of ``N`` explores with
+            ``epsilon_base ** (1 + i / (N - 1) * epsilon_alpha)``).
+        epsilon_alpha: the ladder's exponent.
         central_inference: SEED mode (:class:`~tianshou_plugins.CentralInference`): the
             inference server returns greedy actions and Q-values (each actor applies its own
             epsilon and computes its initial priorities from them); the actors hold no weights.

@@ -71,13 +71,16 @@ class GorilaParams:
     """The distributed part of a GorilaDQN experiment: its actors, its replay and (SEED mode)
     the inference server, each one settings object.
 
-    ``replay``'s ``capacity`` is the experiment's ``training_config.buffer_size``, as for every
-    Tianshou experiment.
+    Attributes:
+        actors: the collector's actors.
+        replay: the distributed replay; its ``capacity`` is the experiment's
+            ``training_config.buffer_size``, as for every Tianshou experiment.
+        central_inference: SEED mode's inference server; ``None``: the actors infer locally.
     """
 
     actors: ActorFleet = field(default_factory=ActorFleet)
     replay: DistributedReplayConfig = field(default_factory=DistributedReplayConfig)
-    central_inference: CentralInference | None = None  # SEED mode
+    central_inference: CentralInference | None = None
 
     def __post_init__(self) -> None:
         _check_type("actors", self.actors, ActorFleet)
@@ -164,7 +167,18 @@ class GorilaDQNExperimentBuilder(DQNExperimentBuilder):
 @dataclass(kw_only=True)
 class VTraceParams(OnPolicyAlgorithmParams):
     """:class:`~tianshou_plugins.VTrace`'s settings, in the form of Tianshou's ``A2CParams``
-    (``lr``/``optim``, ``gamma``, ``deterministic_eval``, action scaling as Tianshou's)."""
+    (``lr``/``optim``, ``gamma``, ``deterministic_eval``, action scaling as Tianshou's).
+
+    Attributes:
+        vf_coef: weight of the value loss.
+        ent_coef: weight of the entropy bonus.
+        max_grad_norm: gradients are clipped to this global norm; ``None``: no clipping.
+        clip_rho_threshold: V-trace's rho-bar (clips the importance weights of the value
+            targets); ``None``: no clipping.
+        clip_pg_rho_threshold: the clip of the policy-gradient importance weights; ``None``: no
+            clipping.
+        vtrace_lambda: V-trace's lambda (1: the paper's targets).
+    """
 
     vf_coef: float = 0.5
     ent_coef: float = 0.01
@@ -176,7 +190,14 @@ class VTraceParams(OnPolicyAlgorithmParams):
 
 @dataclass(frozen=True, kw_only=True)
 class VTraceActorParams:
-    """The distributed part of a VTrace experiment: the actors (and, for SEED, the server)."""
+    """The distributed part of a VTrace experiment: the actors (and, for SEED, the server).
+
+    Attributes:
+        actors: the collector's actors (V-trace's defaults: ``VTRACE_FLEET``).
+        max_trajectories_per_collect: trajectories one ``collect()`` writes at most (the rest
+            wait for the next call).
+        central_inference: SEED mode's inference server; ``None``: the actors infer locally.
+    """
 
     actors: ActorFleet = VTRACE_FLEET
     max_trajectories_per_collect: int = 16

@@ -137,6 +137,11 @@ class MultiAgentDistributedReplayBuffer:
     ``sample(n)`` returns ``(Batch(module -> batch of n rows), module -> keys)``, what
     :class:`MultiAgentGorilaDQN`'s update hands to each module. The per-module buffers start
     when :meth:`start` is given the modules (``GorilaCollector`` does it).
+
+    Args:
+        capacity: rows of each module's replay (``DistributedReplayConfig.capacity``).
+        config: the settings of each module's replay (default ``DistributedReplayConfig()``);
+            keyword settings replace its fields.
     """
 
     def __init__(

@@ -91,7 +91,8 @@ class ActorStep(HoldsPulledWeights):
         replays: multi-agent, instead of ``replay``: module id -> that module's replay (the
             trained modules only).
         count_steps_by: multi-agent: what the replays' rate limiters count (module docstring).
-        gamma, n_step: discount and horizon of the n-step transitions.
+        gamma: discount of the n-step transitions.
+        n_step: horizon of the n-step transitions.
         prioritized: push the local network's ``|TD|`` as initial priorities (else ``None``:
             the replay's default priority).
         weights: the parameter server (``pull_if_newer``); ``None`` for a SEED actor.

@@ -145,8 +145,13 @@ def double_dqn_loss(
     """Importance-weighted double-DQN loss; the weights apply on every loss path.
 
     Args:
-        q_online_t, actions, rewards, discounts, q_online_tp1, q_target_tp1,
-            next_action_mask: as in :func:`double_dqn_td_error`.
+        q_online_t: as in :func:`double_dqn_td_error`.
+        actions: as there.
+        rewards: as there.
+        discounts: as there.
+        q_online_tp1: as there.
+        q_target_tp1: as there.
+        next_action_mask: as there.
         weights: ``[B]`` importance-sampling weights (``None`` = all ones).
         loss_type: ``"huber"`` (smooth L1 with ``huber_delta``) or ``"mse"`` (``0.5 * td ** 2``).
         huber_delta: the Huber transition point, ``> 0``.

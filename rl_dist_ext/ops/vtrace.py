@@ -199,8 +199,14 @@ def vtrace_from_log_probs(
     Args:
         behaviour_log_probs: ``[T, B, ...]`` float, log mu(a_t|x_t) of the acting policy.
         target_log_probs: ``[T, B, ...]`` float, log pi(a_t|x_t) of the learner policy.
-        discounts, rewards, values, bootstrap_value, mask, clip_rho_threshold,
-        clip_pg_rho_threshold, lambda_: as in :func:`vtrace_from_importance_weights`.
+        discounts: as in :func:`vtrace_from_importance_weights`.
+        rewards: as there.
+        values: as there.
+        bootstrap_value: as there.
+        mask: as there.
+        clip_rho_threshold: as there.
+        clip_pg_rho_threshold: as there.
+        lambda_: as there.
 
     Returns:
         :func:`vtrace_from_importance_weights` with ``log_rhos = target - behaviour``.

@@ -42,34 +42,49 @@ class DistributedReplayConfig:
     ``GorilaDQNConfig.replay(...)``, Tianshou's ``DistributedPrioritizedReplayBuffer`` and the
     high-level ``GorilaParams`` all build one of these.
 
-    - ``num_shards``: shard actors. ``capacity`` and ``min_size_to_sample`` are totals over all
-      shards (split evenly); sampling waits until every shard holds its share.
-    - ``alpha``: prioritization exponent (0 = uniform); ``eps`` is added to every priority.
-      ``beta``: the importance-sampling exponent of samples (0 = no correction); a sample call
-      may name another (annealing).
-    - ``samples_per_insert``: the replay ratio (sampled rows per inserted row) each shard's
-      rate limiter holds, by making inserts or samples wait; ``None`` lets both run free.
-      ``error_buffer`` is the allowed slack (Reverb's).
-    - ``prefetch``: sample requests the learner keeps in flight. ``batches_per_request``: learner
-      batches one sample request serves (K times fewer round trips, priorities up to K batches
-      older; Ape-X's learner also samples ahead). ``max_in_flight_adds``: adds a client may
-      have unanswered before it waits (back-pressure).
-    - ``num_cpus_per_shard``: Ray CPUs per shard actor (fractional: shards mostly wait).
-      ``placement_group`` / ``bundle_indices``: a placement group's bundles to start the shards
-      in (set by the algorithm under Tune); ``shard_placement``: ``"DEFAULT"`` or ``"SPREAD"``.
-    - ``snapshot_dir`` with ``snapshot_every_inserts`` / ``snapshot_every_s``: periodic
-      per-shard snapshots, so that a restarted shard comes back with its rows.
-    - ``timeout_s``: the longest any replay call waits (rate limiter included);
-      ``start_timeout_s``: for the shards to start; ``retry_down_shard_after_s`` and
-      ``status_refresh_s``: how often a client retries a down shard and refreshes the shards'
-      masses.
-    - ``seed``: seeds the shards' samplers (shard ``i`` gets ``seed + i``).
-    - ``compression`` (pixel observations, see :mod:`rl_dist_ext.replay.compression`): clients
-      compress before sending, shards store the blobs and decompress when sampling.
-    - ``row_ledger_dir``: a local directory (every node's: a shared mount) where each client
-      that adds rows keeps its row counters, so that a run's rows can be accounted for after
-      any process died (:func:`~rl_dist_ext.replay.distributed.ledger.account_rows`); one
-      small write per add and acknowledgement. ``None``: no ledger.
+    Attributes:
+        num_shards: shard actors.
+        capacity: rows over all shards (split evenly; FIFO in each shard).
+        alpha: prioritization exponent (0: uniform sampling).
+        beta: importance-sampling exponent of samples (0: no correction); a sample call may
+            name another (annealing).
+        eps: added to every priority, so that no row's probability is 0.
+        min_size_to_sample: rows over all shards before sampling starts (split evenly:
+            sampling waits until every shard holds its share).
+        samples_per_insert: the replay ratio (sampled rows per inserted row) each shard's rate
+            limiter holds by making inserts or samples wait; ``None`` lets both run free.
+        error_buffer: the slack the rate limiter allows around ``samples_per_insert``, in
+            sampled rows (Reverb's ``error_buffer``); ``None``:
+            ``max(1, samples_per_insert) * 1000``.
+        prefetch: sample requests the learner keeps in flight.
+        batches_per_request: learner batches one sample request serves: K times fewer round
+            trips, priorities up to K batches older (Ape-X's learner also samples ahead).
+        max_in_flight_adds: adds a client may have unanswered before it waits (back-pressure).
+        num_cpus_per_shard: Ray CPUs per shard actor (fractional: shards mostly wait).
+        placement_group: a placement group to start the shards in (set by the algorithm
+            under Tune).
+        bundle_indices: the placement group's bundle of each shard.
+        snapshot_dir: where each shard writes periodic snapshots (``<dir>/shard_<i>/``), so that
+            a restarted shard comes back with its rows: a local directory or a ``pyarrow.fs``
+            URI; ``None``: no snapshots.
+        snapshot_every_inserts: a snapshot after this many inserted rows per shard.
+        snapshot_every_s: a snapshot after this many seconds.
+        timeout_s: the longest any replay call waits (rate limiter included), in seconds.
+        start_timeout_s: the longest the shards may take to start, in seconds.
+        retry_down_shard_after_s: how often a client retries a shard that is down, in seconds.
+        status_refresh_s: how often a client refreshes every shard's priority mass and limiter
+            state while it samples, in seconds.
+        seed: seeds the shards' samplers (shard ``i`` gets ``seed + i``); ``None``: random.
+        compression: compress pixel observations (:class:`~rl_dist_ext.replay.ObsCompression`):
+            clients compress before sending, shards store the blobs and decompress when
+            sampling; ``None``: rows as they are.
+        shard_placement: ``"DEFAULT"`` (Ray's placement: fill the local node first) or
+            ``"SPREAD"`` (one shard per node as far as nodes go), outside a placement group.
+        row_ledger_dir: a local directory (every node's: a shared mount) where each client
+            that adds rows keeps its row counters, so that a run's rows can be accounted for
+            after any process died
+            (:func:`~rl_dist_ext.replay.distributed.ledger.account_rows`); one small write per
+            add and acknowledgement. ``None``: no ledger.
     """
 
     num_shards: int = 2
