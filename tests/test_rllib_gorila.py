@@ -179,11 +179,17 @@ def test_each_runner_keeps_its_apex_epsilon_across_weight_syncs(algo):
     progress = documented_keys("RLlib GorilaDQN progress")
     assert not undocumented(gorila, progress)
     assert {key for key in progress if "<" not in key} <= set(gorila)
+    for _ in range(5):  # the learner reports once it has trained in an iteration
+        if "learners" in result:
+            break
+        result = algo.train()
     for section, reported in (
         ("RLlib GorilaDQN learner", flat_keys(result["learners"])),
         ("RLlib GorilaDQN timers", set(result["timers"])),
     ):
         documented = {k.replace("<module>", "default_policy") for k in documented_keys(section)}
+        # absent until the first target sync (every 250 updates; this run made fewer)
+        documented.discard("default_policy/num_target_updates")
         assert documented <= reported, (section, documented - reported)
 
 
