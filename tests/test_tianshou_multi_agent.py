@@ -166,6 +166,40 @@ def test_the_actor_acts_legally_and_pushes_each_agents_own_transitions():
     assert first["next_action_mask"][alive].any(axis=1).all()
 
 
+def test_each_rollout_reports_the_transitions_it_dropped_at_truncations():
+    """``dropped_at_truncation`` is what one rollout dropped (the collector sums the returned
+    rollouts' counts), so the rollouts' counts add up to what the actor dropped in all."""
+    from rl_dist_ext.params import ParameterServer
+    from tianshou_plugins.actor import MultiAgentGorilaActor
+    from tianshou_plugins.weights import cpu_state_dict
+
+    env = spread_factory(max_cycles=5)()
+    shared = gorila((12,), 5)
+    algorithm = MultiAgentGorilaDQN(algorithms=[shared, shared], env=env)
+    server = ParameterServer()
+    server.publish(cpu_state_dict(algorithm.policy), 0)
+    actor = MultiAgentGorilaActor(
+        policy=algorithm.policy,
+        env_factory=spread_factory(max_cycles=5),
+        num_envs=2,
+        epsilon=0.5,
+        gamma=0.9,
+        n_step=1,
+        replays={module: RecordingReplay() for module in algorithm.learning_modules},
+        module_of_agent=algorithm.module_of_agent,
+        agents=algorithm.agents,
+        weights_server=server,
+        weight_sync_every_n_steps=64,
+        steps_per_env=16,
+        actor_index=0,
+        seed=0,
+    )
+    reported = [actor.collect_and_push()["dropped_at_truncation"] for _ in range(4)]
+    dropped = sum(turns.dropped for turns in actor._turns)
+    assert dropped > 0 and all(count >= 0 for count in reported)
+    assert sum(reported) == dropped, reported
+
+
 # ---- with Ray -----------------------------------------------------------------------------------
 @pytest.mark.parametrize(
     ("overrides", "error", "match"),

@@ -307,6 +307,7 @@ class MultiAgentGorilaActor(EnvActor):
         for agent in self._module_of_agent:
             self.policy.policies[agent].set_eps_training(self.epsilon)
         self._turns = [TurnAssembler(self._agents) for _ in range(num_envs)]
+        self._dropped_reported = 0  # of the assemblers' drops, what earlier rollouts reported
         self._agent_returns = np.zeros((num_envs, len(self._agents)))
         self._episode_len = np.zeros(num_envs, dtype=int)
         self._step = ActorStep(
@@ -381,6 +382,8 @@ class MultiAgentGorilaActor(EnvActor):
             },
             load_weights=functools.partial(load_cpu_state_dict, self.policy),
         )
+        dropped = sum(turns.dropped for turns in self._turns)
+        dropped_now, self._dropped_reported = dropped - self._dropped_reported, dropped
         return {
             "actor_index": self.actor_index,
             **stats,
@@ -388,7 +391,7 @@ class MultiAgentGorilaActor(EnvActor):
             "agent_steps": result.agent_steps,
             "weights_version": result.weights_version,
             "epsilon": self.epsilon,
-            "dropped_at_truncation": sum(turns.dropped for turns in self._turns),
+            "dropped_at_truncation": dropped_now,  # in this rollout
         }
 
     def _module_policy(self, module: str) -> Policy:
