@@ -4,6 +4,8 @@ an inner session in this process)."""
 
 from __future__ import annotations
 
+import pytest
+
 INNER = """
 import subprocess
 
@@ -65,3 +67,16 @@ def test_a_fast_test_that_starts_a_process_fails_and_names_the_marker_it_lacks(p
     )
     assert "started a process (subprocess ['true'])" in output
     assert "@pytest.mark.subprocess if it runs a script" in output
+
+
+def test_learning_seeds_mark_all_but_the_ci_seed_long():
+    from tiers import LEARNING_SEEDS, learning_seeds
+
+    for ci in (LEARNING_SEEDS[0], LEARNING_SEEDS[-1]):
+        params = learning_seeds(ci=ci)
+        assert [p.values[0] for p in params] == list(LEARNING_SEEDS)
+        for param in params:
+            names = {mark.name for mark in param.marks}
+            assert names == ({"learning"} if param.values[0] == ci else {"learning", "long"})
+    with pytest.raises(ValueError, match="ci=99"):
+        learning_seeds(ci=99)
