@@ -84,3 +84,37 @@ def test_tune_sweeps_a_replay_setting(ray_session, tmp_path):
             result.config["replay_settings"]["samples_per_insert"]
         )
     assert sorted(limits) == [2.0, 32.0]
+
+
+def test_rllib_evaluation_runs_the_learners_greedy_policy(ray_session):
+    """RLlib's own ``.evaluation()`` with GorilaDQN: evaluation env runners get the learner's
+    weights (GorilaDQN's runners pull theirs from a parameter server; RLlib pushes to these),
+    act greedily (``explore=False``) and report ``evaluation/env_runners/...`` in the results,
+    the metric an RLlib example's ``--as-test`` reads."""
+    import torch
+
+    config = small_config(runners=1).evaluation(
+        evaluation_interval=1,
+        evaluation_duration=3,
+        evaluation_duration_unit="episodes",
+        evaluation_num_env_runners=1,
+        evaluation_config={"explore": False},
+    )
+    algorithm = config.build_algo()
+    try:
+        for _ in range(2):
+            result = algorithm.train()
+        evaluation = result["evaluation"]["env_runners"]
+        assert evaluation["num_episodes"] >= 3
+        assert evaluation["episode_return_mean"] > 0
+        (evaluated,) = algorithm.eval_env_runner_group.foreach_env_runner(
+            lambda runner: (runner.config.explore, runner.module.get_state()),
+            local_env_runner=False,
+        )
+        explore, weights = evaluated
+        assert explore is False
+        learner = algorithm.get_module().get_state()
+        for key, value in learner.items():
+            torch.testing.assert_close(torch.as_tensor(weights[key]), torch.as_tensor(value))
+    finally:
+        algorithm.stop()
