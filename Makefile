@@ -22,7 +22,7 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 demo: $(STAMP)
-	$(PY) examples/rllib_gorila_cartpole.py
+	$(PY) examples/rllib_gorila_cartpole.py --checkpoint-at-end
 
 test: $(STAMP)
 	$(PY) -m pytest -m "not long" $(PYTEST_ARGS)

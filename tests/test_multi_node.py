@@ -140,23 +140,57 @@ def test_spread_shards_come_back_on_a_surviving_node_from_their_snapshots(ray_no
         replay.close()
 
 
-def test_a_shard_whose_node_is_gone_and_cannot_restart_raises_the_projects_errors(
+def test_a_shard_and_a_server_whose_node_is_gone_and_cannot_restart_raise_the_projects_errors(
     ray_nodes, tmp_path
 ):
-    """The only node with room for the shard dies: calls wait ``timeout_s`` and raise the
-    project's errors (never a raw Ray one, never a hang). A node that joins later takes the
-    shard, which comes back with its snapshot."""
+    """A replay shard and a SEED inference server run on the one worker node (the head's CPU is
+    held); the node dies and no node has room to restart them. Replay calls wait ``timeout_s``
+    and a caller's request waits its bounded ``retry_s``; each raises the project's error (never
+    a raw Ray one, never a hang), and the learner's side of the server neither hangs nor
+    raises. A node joins: the shard comes back there with its snapshot, and the server restarts
+    there with its initial weights (version -1), the learner sees that it needs weights, and
+    requests are answered with the next push."""
     import ray
+
+    from rl_dist_ext.inference import InferenceServerConfig, InferenceServerUnavailable
+    from rl_dist_ext.ray_actors import (
+        InferenceCaller,
+        InferenceServerHandle,
+        start_inference_server,
+    )
+
+    class LinearPolicy:  # defined here: pickled by value, as worker nodes lack the tests
+        is_recurrent = False
+
+        def __init__(self, device: str) -> None:
+            self.weights = np.eye(3)
+
+        def __call__(self, obs: np.ndarray) -> dict[str, np.ndarray]:
+            return {"actions": (obs @ self.weights).argmax(axis=1)}
+
+        def set_weights(self, weights) -> None:
+            self.weights = np.asarray(weights)
 
     holder = hold_head_cpus()
     worker = ray_nodes.add_node(num_cpus=1)
     ray_nodes.wait_for_nodes()
     replay = DistributedReplay(replay_config(tmp_path, num_shards=1, timeout_s=2.0))
+    server = InferenceServerHandle(
+        start_inference_server(
+            LinearPolicy, InferenceServerConfig(max_batch_size=8, max_wait_ms=1.0), num_cpus=0.5
+        )
+    )
+    caller = InferenceCaller(server.handle, "actor-0", retry_s=3.0)
+    obs = np.array([[0.0, 1.0, 0.0], [0.0, 0.0, 2.0]])
     try:
         assert node_of(replay.handles[0]) == worker.node_id
+        assert node_of(server.handle) == worker.node_id
         replay.add(rows(0, 100))
         replay.flush()
         assert replay.stats(wait=True)["size"] == 100  # snapshotted at 100 inserts
+        server.push(np.eye(3)[:, ::-1], 5)  # reversed: actions flip
+        reply = caller.infer(obs)
+        assert reply.version == 5 and list(reply.outputs["actions"]) == [1, 0]
         remove_node(ray_nodes, worker)
 
         started = time.monotonic()
@@ -169,6 +203,14 @@ def test_a_shard_whose_node_is_gone_and_cannot_restart_raises_the_projects_error
                 replay.add(rows(start, 25))
             replay.flush()
         assert time.monotonic() - started < 60  # bounded waits, not a hang
+        started = time.monotonic()
+        with pytest.raises(InferenceServerUnavailable, match=r"actor-0.*3(\.0)? s"):
+            caller.infer(obs)
+        with pytest.raises(InferenceServerUnavailable, match="actor-0"):
+            caller.register()
+        assert time.monotonic() - started < 30  # bounded waits, not a hang
+        assert server.stats() == {}  # the learner's side warns and goes on
+        server.push(np.eye(3), 6)  # fire and forget, lost with the server
 
         replacement = ray_nodes.add_node(num_cpus=1)
         deadline = time.monotonic() + 60
@@ -182,7 +224,25 @@ def test_a_shard_whose_node_is_gone_and_cannot_restart_raises_the_projects_error
         assert node_of(replay.handles[0]) == replacement.node_id
         assert replay.stats(wait=True)["size"] == 100  # its snapshot
         assert len(replay.sample(8).keys) == 8
+
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                reply = caller.infer(obs)
+                break
+            except InferenceServerUnavailable:
+                assert time.monotonic() < deadline, "the server never came back"
+        assert node_of(server.handle) == replacement.node_id
+        assert reply.version == -1  # restarted: its initial weights
+        server.stats()
+        assert server.needs_weights()
+        server.push(np.eye(3)[:, ::-1], 7)
+        deadline = time.monotonic() + 10
+        while (reply := caller.infer(obs)).version != 7:
+            assert time.monotonic() < deadline
+        assert list(reply.outputs["actions"]) == [1, 0]
     finally:
+        server.close()
         replay.close()
         ray.kill(holder)
 
@@ -344,83 +404,6 @@ def test_tianshou_gorila_loses_a_node_runs_degraded_and_recovers_when_a_node_joi
         if collector is not None:
             collector.close()
         buffer.close()
-        ray.kill(holder)
-
-
-def test_an_inference_server_whose_node_is_gone_makes_callers_raise_the_projects_error(
-    ray_nodes,
-):
-    """The SEED server runs on a worker node (the head's CPU is held) that dies, and no node has
-    room to restart it: a caller's request waits its bounded ``retry_s`` and raises the
-    project's error, not a raw Ray one, and the learner's side neither hangs nor raises. A
-    node joins: the server restarts there with its initial weights (version -1), the learner
-    sees that it needs weights, and requests are answered with the next push."""
-    import ray
-
-    from rl_dist_ext.inference import InferenceServerConfig, InferenceServerUnavailable
-    from rl_dist_ext.ray_actors import (
-        InferenceCaller,
-        InferenceServerHandle,
-        start_inference_server,
-    )
-
-    class LinearPolicy:  # defined here: pickled by value, as worker nodes lack the tests
-        is_recurrent = False
-
-        def __init__(self, device: str) -> None:
-            self.weights = np.eye(3)
-
-        def __call__(self, obs: np.ndarray) -> dict[str, np.ndarray]:
-            return {"actions": (obs @ self.weights).argmax(axis=1)}
-
-        def set_weights(self, weights) -> None:
-            self.weights = np.asarray(weights)
-
-    holder = hold_head_cpus()
-    worker = ray_nodes.add_node(num_cpus=1)
-    ray_nodes.wait_for_nodes()
-    server = InferenceServerHandle(
-        start_inference_server(
-            LinearPolicy, InferenceServerConfig(max_batch_size=8, max_wait_ms=1.0), num_cpus=1
-        )
-    )
-    caller = InferenceCaller(server.handle, "actor-0", retry_s=3.0)
-    obs = np.array([[0.0, 1.0, 0.0], [0.0, 0.0, 2.0]])
-    try:
-        assert node_of(server.handle) == worker.node_id
-        server.push(np.eye(3)[:, ::-1], 5)  # reversed: actions flip
-        reply = caller.infer(obs)
-        assert reply.version == 5 and list(reply.outputs["actions"]) == [1, 0]
-        remove_node(ray_nodes, worker)
-
-        started = time.monotonic()
-        with pytest.raises(InferenceServerUnavailable, match=r"actor-0.*3(\.0)? s"):
-            caller.infer(obs)
-        with pytest.raises(InferenceServerUnavailable, match="actor-0"):
-            caller.register()
-        assert time.monotonic() - started < 30  # bounded waits, not a hang
-        assert server.stats() == {}  # the learner's side warns and goes on
-        server.push(np.eye(3), 6)  # fire and forget, lost with the server
-
-        replacement = ray_nodes.add_node(num_cpus=1)
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                reply = caller.infer(obs)
-                break
-            except InferenceServerUnavailable:
-                assert time.monotonic() < deadline, "the server never came back"
-        assert node_of(server.handle) == replacement.node_id
-        assert reply.version == -1  # restarted: its initial weights
-        server.stats()
-        assert server.needs_weights()
-        server.push(np.eye(3)[:, ::-1], 7)
-        deadline = time.monotonic() + 10
-        while (reply := caller.infer(obs)).version != 7:
-            assert time.monotonic() < deadline
-        assert list(reply.outputs["actions"]) == [1, 0]
-    finally:
-        server.close()
         ray.kill(holder)
 
 

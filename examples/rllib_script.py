@@ -1,0 +1,155 @@
+"""What the RLlib example scripts share: RLlib's own example-script conventions.
+
+Each script builds its config and hands it to RLlib's ``run_rllib_example_script_experiment``,
+so the flags are RLlib's (``--stop-reward``, ``--stop-timesteps``, ``--stop-iters``,
+``--as-test``, ``--num-samples``, ``--checkpoint-freq``, ``--checkpoint-at-end``,
+``--num-env-runners``, ``--evaluation-interval``, ``--no-tune``, ``--wandb-key``; see
+``--help``), plus ``--seed`` and ``--out`` (where the learning-curve PNG goes).
+
+The success metric is a greedy one: RLlib's own evaluation runners act with ``explore=False``
+every ``--evaluation-interval`` iterations, and ``--stop-reward`` applies to their mean return
+(``evaluation/env_runners/episode_return_mean``, or the learning module's return in a game
+against a fixed opponent). The exploring runners' return understates a greedy DQN policy, and
+in a zero-sum game the two seats' returns sum to about 0.
+
+Ray starts on this machine with all its cores (``--num-cpus`` to say how many); with
+``RAY_ADDRESS`` set (``auto``, or ``ray://<head>:10001``) the script joins that cluster.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+from pathlib import Path
+
+EVAL_RETURN = "evaluation/env_runners/episode_return_mean"
+ENV_STEPS = "env_runners/num_env_steps_sampled_lifetime"
+TRAIN_RETURN = "env_runners/episode_return_mean"
+
+
+def example_parser(
+    *,
+    algo: str,
+    out: str,
+    default_reward: float,
+    default_timesteps: int,
+    **defaults,
+) -> argparse.ArgumentParser:
+    """RLlib's example-script parser with this script's defaults, ``--seed`` and ``--out``.
+
+    Greedy evaluation is on by default (every 2 iterations, 10 episodes, in the driver's own
+    env runner): ``--evaluation-interval 0`` turns it off (and with it the greedy success
+    metric: ``--as-test`` then reads the exploring runners' return)."""
+    from ray.rllib.examples.utils import add_rllib_example_script_args
+
+    parser = add_rllib_example_script_args(
+        default_reward=default_reward, default_timesteps=default_timesteps, default_iters=100_000
+    )
+    parser.add_argument("--seed", type=int, default=0, help="RLlib's seed (.debugging(seed=))")
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=Path("runs") / out,
+        help="folder for the learning curve PNG (Tune's results and checkpoints go to "
+        "~/ray_results as usual)",
+    )
+    settings = {"evaluation_interval": 2, "evaluation_duration": 10, "verbose": 1}
+    parser.set_defaults(algo=algo, **(settings | defaults))
+    return parser
+
+
+def greedy_evaluation(config):
+    """RLlib's evaluation, acting greedily (``explore=False``); the script's arguments set its
+    interval and duration."""
+    return config.evaluation(evaluation_config={"explore": False})
+
+
+def run(
+    config,
+    args: argparse.Namespace,
+    *,
+    columns: dict[str, str],
+    title: str,
+    metric: str = EVAL_RETURN,
+    keep_ray_up: bool = False,
+):
+    """Run ``config`` with RLlib's example-script helper: stop at ``--stop-reward`` on
+    ``metric`` (the greedy evaluation return unless evaluation is off), ``--stop-timesteps`` env
+    steps or ``--stop-iters`` iterations; ``--as-test`` raises unless a trial reached
+    ``--stop-reward``. The progress table shows ``columns`` beside the returns. Afterwards the
+    best trial's config and return are printed and every trial's curve is plotted to
+    ``<--out>/learning_curve.png``. ``keep_ray_up`` leaves Ray running (tests share one)."""
+    from ray import tune
+    from ray.rllib.examples.utils import run_rllib_example_script_experiment
+
+    if args.evaluation_interval <= 0 and metric == EVAL_RETURN:
+        metric = TRAIN_RETURN
+    stop = {metric: args.stop_reward, ENV_STEPS: args.stop_timesteps}
+    stop["training_iteration"] = args.stop_iters
+    reporter = tune.CLIReporter(
+        metric_columns={
+            "training_iteration": "iter",
+            "time_total_s": "s",
+            ENV_STEPS: "env steps",
+            TRAIN_RETURN: "return",
+            metric: "greedy" if metric != TRAIN_RETURN else "return",
+            **columns,
+        },
+        max_report_frequency=args.tune_max_report_freq,
+    )
+    results = run_rllib_example_script_experiment(
+        config.debugging(seed=args.seed),
+        args,
+        stop=stop,
+        success_metric={metric: args.stop_reward},
+        progress_reporter=reporter,
+        keep_ray_up=keep_ray_up,
+    )
+    if args.no_tune:
+        return results
+    best = results.get_best_result(metric=metric, mode="max", scope="all")
+    print(f"best trial: {metric} {_best_value(best.metrics_dataframe, metric):.2f}")
+    print(f"best trial's config: {_searched(best.config, args)}")
+    args.out.mkdir(parents=True, exist_ok=True)
+    plot_trials(results, metric, args.out / "learning_curve.png", title)
+    print(f"learning curve: {args.out / 'learning_curve.png'}")
+    return results
+
+
+def _best_value(frame, metric: str) -> float:
+    values = [v for v in frame.get(metric, []) if not (isinstance(v, float) and math.isnan(v))]
+    return max(values, default=float("nan"))
+
+
+def _searched(config: dict, args: argparse.Namespace) -> dict:
+    """The settings a user is likely to sweep, from a trial's config."""
+    keys = ("lr", "gamma", "n_step", "train_batch_size_per_learner", "entropy_coeff")
+    return {key: config[key] for key in keys if key in config} | {"seed": args.seed}
+
+
+def plot_trials(results, metric: str, path: Path, title: str) -> None:
+    """Each trial's exploring return and ``metric`` by env steps, in one PNG."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6.5, 3.8))
+    for index, result in enumerate(results):
+        frame = result.metrics_dataframe
+        if frame is None or ENV_STEPS not in frame:
+            continue
+        label = f"trial {index}" if len(results) > 1 else ""
+        if TRAIN_RETURN in frame and metric != TRAIN_RETURN:
+            ax.plot(frame[ENV_STEPS], frame[TRAIN_RETURN], alpha=0.5, label=f"{label} exploring")
+        if metric in frame:
+            greedy = frame[[ENV_STEPS, metric]].dropna()
+            ax.plot(greedy[ENV_STEPS], greedy[metric], marker="o", label=f"{label} {metric}")
+    ax.set_xlabel("env steps")
+    ax.set_ylabel("return")
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    ax.legend(loc="lower right", fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
