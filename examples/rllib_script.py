@@ -111,7 +111,7 @@ def run(
     print(f"best trial: {metric} {_best_value(best.metrics_dataframe, metric):.2f}")
     print(f"best trial's config: {_searched(best.config, args)}")
     args.out.mkdir(parents=True, exist_ok=True)
-    plot_trials(results, metric, args.out / "learning_curve.png", title)
+    plot_trials(results, metric, args.out / "learning_curve.png", title, args.evaluation_interval)
     print(f"learning curve: {args.out / 'learning_curve.png'}")
     return results
 
@@ -127,8 +127,15 @@ def _searched(config: dict, args: argparse.Namespace) -> dict:
     return {key: config[key] for key in keys if key in config} | {"seed": args.seed}
 
 
-def plot_trials(results, metric: str, path: Path, title: str) -> None:
-    """Each trial's exploring return and ``metric`` by env steps, in one PNG."""
+def evaluations(frame, metric: str, interval: int):
+    """The rows of a trial's results where RLlib evaluated (every ``interval`` iterations;
+    the results between repeat the last evaluation): (env steps, ``metric``)."""
+    rows = frame if interval <= 0 else frame[frame["training_iteration"] % interval == 0]
+    return rows[[ENV_STEPS, metric]].dropna()
+
+
+def plot_trials(results, metric: str, path: Path, title: str, interval: int) -> None:
+    """Each trial's exploring return and ``metric`` (at each evaluation) by env steps."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -139,12 +146,12 @@ def plot_trials(results, metric: str, path: Path, title: str) -> None:
         frame = result.metrics_dataframe
         if frame is None or ENV_STEPS not in frame:
             continue
-        label = f"trial {index}" if len(results) > 1 else ""
+        label = f"trial {index}: " if len(results) > 1 else ""
         if TRAIN_RETURN in frame and metric != TRAIN_RETURN:
-            ax.plot(frame[ENV_STEPS], frame[TRAIN_RETURN], alpha=0.5, label=f"{label} exploring")
+            ax.plot(frame[ENV_STEPS], frame[TRAIN_RETURN], alpha=0.5, label=f"{label}exploring")
         if metric in frame:
-            greedy = frame[[ENV_STEPS, metric]].dropna()
-            ax.plot(greedy[ENV_STEPS], greedy[metric], marker="o", label=f"{label} {metric}")
+            greedy = evaluations(frame, metric, interval)
+            ax.plot(greedy[ENV_STEPS], greedy[metric], marker="o", label=f"{label}{metric}")
     ax.set_xlabel("env steps")
     ax.set_ylabel("return")
     ax.set_title(title)

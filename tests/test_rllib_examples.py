@@ -10,7 +10,6 @@ module, built from the script's config with the same seed, is shown below that r
 from __future__ import annotations
 
 import importlib
-import math
 import sys
 from pathlib import Path
 
@@ -54,16 +53,15 @@ def untrained_module(config, env, seed: int, module_id: str | None = None):
         made.close()
 
 
-def greedy_checks(results, metric: str) -> list[tuple[int, float]]:
-    """(env steps, greedy metric) of every evaluation the trials reported."""
-    from rllib_script import ENV_STEPS
+def greedy_checks(results, metric: str, interval: int) -> list[tuple[int, float]]:
+    """(env steps, greedy metric) of every evaluation the trials ran (every ``interval``
+    iterations)."""
+    from rllib_script import ENV_STEPS, evaluations
 
     checks = []
     for result in results:
-        frame = result.metrics_dataframe
-        for steps, value in zip(frame[ENV_STEPS], frame[metric], strict=True):
-            if not math.isnan(value):
-                checks.append((int(steps), float(value)))
+        rows = evaluations(result.metrics_dataframe, metric, interval)
+        checks += [(int(n), float(v)) for n, v in zip(rows[ENV_STEPS], rows[metric], strict=True)]
     return checks
 
 
@@ -92,7 +90,7 @@ def test_gorila_cartpole_example_reaches_its_greedy_reward_as_test(
     assert untrained < 150, f"the untrained policy already passes: {untrained}"
 
     results = example.main(argv, keep_ray_up=True)  # raises unless a trial reached 150
-    learning_curve.extend(greedy_checks(results, "evaluation/env_runners/episode_return_mean"))
+    learning_curve.extend(greedy_checks(results, "evaluation/env_runners/episode_return_mean", 3))
     assert not results.errors
     assert (tmp_path / "learning_curve.png").stat().st_size > 10_000
     assert (Path(results[0].checkpoint.path) / "replay" / "manifest.json").exists()
@@ -129,7 +127,7 @@ def test_seed_vtrace_cartpole_example_reaches_its_greedy_reward_as_test(
     assert untrained < 150, f"the untrained policy already passes: {untrained}"
 
     results = example.main(argv, keep_ray_up=True)  # raises unless a trial reached 150
-    learning_curve.extend(greedy_checks(results, "evaluation/env_runners/episode_return_mean"))
+    learning_curve.extend(greedy_checks(results, "evaluation/env_runners/episode_return_mean", 3))
     assert not results.errors
     assert (tmp_path / "learning_curve.png").stat().st_size > 10_000
     server = results[0].metrics["central_inference"]
@@ -166,7 +164,7 @@ def test_tictactoe_example_beats_a_random_player_as_test(
     assert untrained < 0.5, f"the untrained learner already passes: {untrained}"
 
     results = example.main(argv, keep_ray_up=True)  # raises unless a trial reached 0.5
-    learning_curve.extend(greedy_checks(results, example.GREEDY_LEARNER_RETURN))
+    learning_curve.extend(greedy_checks(results, example.GREEDY_LEARNER_RETURN, 3))
     assert not results.errors
     assert (tmp_path / "learning_curve.png").stat().st_size > 10_000
     assert results[0].metrics["gorila"]["replay_size"] > 0
