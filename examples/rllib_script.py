@@ -156,7 +156,8 @@ def plot_trials(results, metric: str, path: Path, title: str, interval: int) -> 
     ax.set_ylabel("return")
     ax.set_title(title)
     ax.grid(alpha=0.3)
-    ax.legend(loc="lower right", fontsize=7)
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(loc="lower right", fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)

@@ -168,3 +168,54 @@ def test_tictactoe_example_beats_a_random_player_as_test(
     assert not results.errors
     assert (tmp_path / "learning_curve.png").stat().st_size > 10_000
     assert results[0].metrics["gorila"]["replay_size"] > 0
+
+
+MINATAR_SCRIPTS = ("rllib_gorila_minatar", "rllib_vtrace_minatar")
+
+
+@pytest.mark.parametrize("script", MINATAR_SCRIPTS)
+def test_minatar_example_runs_an_iteration_with_a_greedy_evaluation(
+    ray_session, examples, tmp_path, script
+):
+    """A tiny budget (1,000 env steps) through Tune, RLlib's greedy evaluation included, the
+    curve written: the pixel path (uint8 frames, the CNN, GorilaDQN's LZ4-compressed replay)
+    trains. (Pong's frames train in tests/test_pixels.py.)"""
+    example = examples(script)
+    argv = [
+        "--stop-timesteps=1000",
+        "--stop-iters=20",
+        "--num-env-runners=1",
+        "--num-envs-per-env-runner=2",
+        "--evaluation-interval=1",
+        "--evaluation-duration=1",
+        f"--out={tmp_path}",
+    ]
+    if script == "rllib_gorila_minatar":
+        argv.append("--learning-starts=100")
+    results = example.main(argv, keep_ray_up=True)
+    assert not results.errors
+    (result,) = results
+    assert result.metrics["evaluation"]["env_runners"]["num_episodes"] >= 1
+    assert result.metrics["learners"]["__all_modules__"]["num_module_steps_trained_lifetime"] > 0
+    assert (tmp_path / "learning_curve.png").stat().st_size > 10_000
+    if script == "rllib_gorila_minatar":
+        gorila = result.metrics["gorila"]
+        assert gorila["learner_weights_version"] > 0
+        assert gorila["replay_compression_ratio"] > 5, gorila
+        assert 0 < gorila["replay_bytes_per_transition"] < 2 * 10 * 10 * 4 / 5
+
+
+@pytest.mark.long
+@pytest.mark.learning
+@pytest.mark.parametrize("script", MINATAR_SCRIPTS)
+def test_minatar_example_reaches_a_greedy_return_of_10_as_test(
+    ray_session, examples, tmp_path, script, learning_curve
+):
+    """MinAtar Breakout: the greedy evaluation return (10 episodes) reaches 10 within 1M env
+    steps (GorilaDQN: the MinAtar race's recipe, which got there in 342-441 s here) or 2M
+    (VTrace)."""
+    example = examples(script)
+    argv = ["--as-test", "--num-env-runners=2", "--seed=0", f"--out={tmp_path}"]
+    results = example.main(argv, keep_ray_up=True)  # raises unless a trial reached 10
+    learning_curve.extend(greedy_checks(results, "evaluation/env_runners/episode_return_mean", 10))
+    assert not results.errors

@@ -1,0 +1,74 @@
+"""VTrace (IMPALA with the shared V-trace learner) on MinAtar Breakout with RLlib, as an RLlib
+example script: pixel observations (10x10x4 uint8 channels) to RLlib's IMPALA/PPO
+actor-critic module with its CNN encoder (the uint8 frames are scaled inside the module).
+
+Local inference by default (each env runner acts with its own copy of the policy; with a GPU in
+the cluster the learner trains there); ``--central`` acts through one inference server (SEED),
+which pays off when that server sits on an accelerator. RLlib's evaluation runner plays the
+greedy policy every ``--evaluation-interval`` iterations; the run stops once its mean return
+reaches ``--stop-reward`` (``--as-test``: and fails if it never does within
+``--stop-timesteps``), prints the best trial and writes a learning curve PNG under ``--out``.
+
+    python examples/rllib_vtrace_minatar.py [--stop-reward 10] [--stop-timesteps 2000000]
+        [--num-env-runners 2] [--central] [--seed 0] [--as-test]
+"""
+
+from __future__ import annotations
+
+from ray.rllib.core.rl_module.default_model_config import DefaultModelConfig
+from rllib_script import example_parser, greedy_evaluation, run
+
+from rllib_plugins import VTraceConfig
+from rllib_plugins.pixels import pixel_env
+
+parser = example_parser(
+    algo="VTrace",
+    out="rllib_vtrace_minatar",
+    default_reward=10.0,
+    default_timesteps=2_000_000,
+    num_env_runners=2,
+    num_envs_per_env_runner=8,
+    evaluation_interval=10,
+)
+parser.add_argument("--game", default="breakout", help="a MinAtar game")
+parser.add_argument("--central", action="store_true", help="SEED mode: one inference server")
+
+
+def build_config(args) -> VTraceConfig:
+    config = (
+        VTraceConfig()
+        .environment(pixel_env(f"minatar:{args.game}"))
+        .env_runners(num_cpus_per_env_runner=0.2)
+        .learners(num_learners=0)
+        .training(lr=5e-4, train_batch_size_per_learner=500, entropy_coeff=0.01)
+        .rl_module(
+            model_config=DefaultModelConfig(
+                conv_filters=[[16, 3, 1, "valid"]], head_fcnet_hiddens=[128]
+            )
+        )
+        .central_inference(enabled=args.central, num_cpus=0.2)
+        .reporting(min_time_s_per_iteration=1)
+    )
+    return greedy_evaluation(config)
+
+
+COLUMNS = {
+    "central_inference/requests_per_s": "server req/s",
+    "central_inference/policy_lag": "policy lag",
+}
+
+
+def main(argv: list[str] | None = None, *, keep_ray_up: bool = False):
+    args = parser.parse_args(argv)
+    mode = "central" if args.central else "local"
+    return run(
+        build_config(args),
+        args,
+        columns=COLUMNS,
+        title=f"VTrace ({mode} inference) on MinAtar {args.game} (RLlib, rl-dist-ext)",
+        keep_ray_up=keep_ray_up,
+    )
+
+
+if __name__ == "__main__":
+    main()
