@@ -135,7 +135,8 @@ def evaluations(frame, metric: str, interval: int):
 
 
 def plot_trials(results, metric: str, path: Path, title: str, interval: int) -> None:
-    """Each trial's exploring return and ``metric`` (at each evaluation) by env steps."""
+    """Each trial's ``metric`` (at each evaluation) by env steps, and its exploring return
+    when there are at most two trials."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -147,7 +148,7 @@ def plot_trials(results, metric: str, path: Path, title: str, interval: int) -> 
         if frame is None or ENV_STEPS not in frame:
             continue
         label = f"trial {index}: " if len(results) > 1 else ""
-        if TRAIN_RETURN in frame and metric != TRAIN_RETURN:
+        if TRAIN_RETURN in frame and metric != TRAIN_RETURN and len(results) <= 2:
             ax.plot(frame[ENV_STEPS], frame[TRAIN_RETURN], alpha=0.5, label=f"{label}exploring")
         if metric in frame:
             greedy = evaluations(frame, metric, interval)

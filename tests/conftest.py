@@ -106,6 +106,22 @@ def alive_actor_count() -> int:
     return sum(1 for info in state.actors().values() if info["State"] == "ALIVE")
 
 
+def alive_actor_placement_groups() -> dict[str, tuple[str, str | None]]:
+    """Alive actors: id -> (class name, the hex id of the placement group it was scheduled in,
+    or None). Read from the GCS actor table (``ray._private.state``; the state API would need
+    the dashboard, which the tests do not start)."""
+    from ray._private import state
+    from ray.core.generated import gcs_pb2
+
+    table = state.state._connect_and_get_accessor().get_actor_table(None, "ALIVE")
+    actors = {}
+    for raw in table:
+        data = gcs_pb2.ActorTableData.FromString(raw)
+        group = data.placement_group_id.hex() if data.placement_group_id else None
+        actors[data.actor_id.hex()] = (data.class_name, group)
+    return actors
+
+
 def alive_actor_ids() -> set[str]:
     """Ids of the actors alive in the Ray session."""
     from ray._private import state

@@ -207,6 +207,7 @@ def test_minatar_example_runs_an_iteration_with_a_greedy_evaluation(
 
 @pytest.mark.long
 @pytest.mark.learning
+@pytest.mark.timeout(3600)
 @pytest.mark.parametrize("script", MINATAR_SCRIPTS)
 def test_minatar_example_reaches_a_greedy_return_of_10_as_test(
     ray_session, examples, tmp_path, script, learning_curve
@@ -219,3 +220,78 @@ def test_minatar_example_reaches_a_greedy_return_of_10_as_test(
     results = example.main(argv, keep_ray_up=True)  # raises unless a trial reached 10
     learning_curve.extend(greedy_checks(results, "evaluation/env_runners/episode_return_mean", 10))
     assert not results.errors
+
+
+class PlacementWatch:
+    """Polls the alive actors while a sweep runs (a thread): every actor that started after
+    it and runs outside any placement group, and the classes of those seen inside one."""
+
+    def __init__(self) -> None:
+        import threading
+
+        from conftest import alive_actor_placement_groups
+
+        self._poll = alive_actor_placement_groups
+        self._before = set(self._poll())
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self.outside: dict[str, str] = {}
+        self.inside: set[str] = set()
+
+    def _run(self) -> None:
+        while not self._stop.wait(0.25):
+            for actor_id, (name, group) in self._poll().items():
+                if actor_id in self._before:
+                    continue
+                if group is None:
+                    self.outside[actor_id] = name
+                else:
+                    self.inside.add(name)
+
+    def __enter__(self) -> PlacementWatch:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+def test_asha_sweep_example_runs_each_trials_actors_in_its_placement_group(
+    ray_session, examples, tmp_path
+):
+    """The GorilaDQN ASHA sweep with a 2-trial grid over ``samples_per_insert``: no actor of
+    a trial runs outside the trial's placement group, and each trial's rate limiters hold the
+    trial's value (Tune resolves the search space inside ``.replay()`` when each trial builds).
+
+    With ``samples_per_insert=2`` and one runner, a learning chunk asks for more rows than the
+    runner's queued requests insert: the learner's sample waits on the rate limiter, and the
+    runners must keep getting requests meanwhile (the learner lives in the trial's driver, which
+    hands them out), or the sample waits out ``timeout_s`` and ``train()`` raises
+    ``RateLimitTimeout`` (it did, before the learner's wait kept the runners acting)."""
+    example = examples("tune_gorila_asha")
+    argv = [
+        "--lr=1e-3",
+        "--n-step=3",
+        "--samples-per-insert",
+        "2",
+        "32",
+        "--max-env-steps=1500",
+        "--grace-env-steps=1000",
+        "--checkpoint-freq=0",
+        f"--storage-path={tmp_path / 'results'}",
+        f"--out={tmp_path}",
+    ]
+    with PlacementWatch() as watch:
+        results = example.main(argv)
+    assert not results.errors and len(results) == 2
+    assert watch.outside == {}, f"actors outside their trial's placement group: {watch.outside}"
+    assert {"GorilaDQN", "GorilaEnvRunner", "RestartAwareReplayShard", "ParameterServer"} <= (
+        watch.inside
+    ), watch.inside
+    limits = {}
+    for result in results:
+        wanted = result.config["replay_settings"]["samples_per_insert"]
+        limits[wanted] = result.metrics["gorila"]["replay_samples_per_insert_limit"]
+    assert limits == {2.0: 2.0, 32.0: 32.0}
+    assert (tmp_path / "learning_curve.png").stat().st_size > 10_000

@@ -1,54 +1,14 @@
-"""GorilaDQN end to end: Tune and RLlib's evaluation.
+"""GorilaDQN end to end with RLlib's evaluation and Tune (failed trials, sweeps that cannot run).
 
-The CartPole learning test is the example script's ``--as-test`` run
-(``tests/test_rllib_examples.py``).
-
-Tune runs GorilaDQN by name in the RLlib guide's snippet (``tests/test_doc_snippets.py``);
-a 2-trial grid search runs in ``tests/test_rllib_vtrace_training.py`` (the same placement-group
-path, for VTrace).
+The CartPole learning test is the example script's ``--as-test`` run, and a 2-trial Tune grid
+over a replay setting is the ASHA sweep example's run (both ``tests/test_rllib_examples.py``);
+Tune runs GorilaDQN by name in the RLlib guide's snippet (``tests/test_doc_snippets.py``).
 """
 
 from __future__ import annotations
 
 import pytest
 from test_rllib_gorila import small_config
-
-
-def test_tune_sweeps_a_replay_setting(ray_session, tmp_path):
-    """``.replay()`` takes a Tune search space (values are checked when each trial builds its
-    algorithm), and each trial's rate limiters hold that trial's value.
-
-    With ``samples_per_insert=2`` and one runner, a learning chunk (8 updates of 128 rows) asks
-    for more rows than the runner's queued requests insert: the learner's sample waits on the
-    rate limiter, and the runners must keep getting requests meanwhile (the learner lives in the
-    driver, which hands them out), or the sample waits out ``timeout_s`` and ``train()`` raises
-    ``RateLimitTimeout`` (it did, before the learner's wait kept the runners acting)."""
-    from ray import tune
-
-    # 0.6 CPU a trial (main 0.3, a runner 0.2, a shard 0.1): both trials run at once
-    config = (
-        small_config(runners=1)
-        .resources(num_cpus_for_main_process=0.3)
-        .replay(num_shards=1, timeout_s=10.0, samples_per_insert=tune.grid_search([2.0, 32.0]))
-    )
-    with pytest.raises(ValueError, match="samples_per_insert"):
-        config.validate()  # a search space is no value: only Tune resolves it
-    results = tune.Tuner(
-        "GorilaDQN",
-        param_space=config,
-        run_config=tune.RunConfig(
-            stop={"training_iteration": 2}, storage_path=str(tmp_path), verbose=0
-        ),
-    ).fit()
-    assert not results.errors
-    limits = {}
-    for result in results:
-        gorila = result.metrics["gorila"]
-        limits[result.config["replay_settings"]["samples_per_insert"]] = gorila
-        assert gorila["replay_samples_per_insert_limit"] == pytest.approx(
-            result.config["replay_settings"]["samples_per_insert"]
-        )
-    assert sorted(limits) == [2.0, 32.0]
 
 
 def test_rllib_evaluation_runs_the_learners_greedy_policy(ray_session):
@@ -83,3 +43,84 @@ def test_rllib_evaluation_runs_the_learners_greedy_policy(ray_session):
             torch.testing.assert_close(torch.as_tensor(weights[key]), torch.as_tensor(value))
     finally:
         algorithm.stop()
+
+
+def test_a_failed_tune_trial_restarts_from_its_last_checkpoint_with_its_replay(
+    ray_session, tmp_path
+):
+    """``FailureConfig(max_failures=1)``: a trial that fails after its checkpoint at iteration
+    2 restarts from it, the replay included: right after the restore the replay holds at least
+    the checkpoint's rows (a fresh replay would hold one iteration's), and the learner's
+    counters go on from the checkpoint's."""
+    from ray import tune
+    from ray.rllib.callbacks.callbacks import RLlibCallback
+
+    failed = tmp_path / "failed_once"
+
+    class FailOnceAtIteration3(RLlibCallback):  # pickled by value into the trial's process
+        def on_train_result(self, *, algorithm, result, **kwargs) -> None:
+            if result["training_iteration"] == 3 and not failed.exists():
+                failed.touch()
+                raise RuntimeError("an injected trial failure")
+
+    config = small_config(runners=1).callbacks(FailOnceAtIteration3)
+    results = tune.Tuner(
+        "GorilaDQN",
+        param_space=config,
+        run_config=tune.RunConfig(
+            stop={"training_iteration": 4},
+            storage_path=str(tmp_path / "results"),
+            checkpoint_config=tune.CheckpointConfig(checkpoint_frequency=2),
+            failure_config=tune.FailureConfig(max_failures=1),
+            verbose=0,
+        ),
+    ).fit()
+    assert failed.exists()
+    assert not results.errors
+    frame = results[0].metrics_dataframe.set_index("training_iteration")
+    assert list(frame.index) == [1, 2, 3, 4]  # the failed iteration 3 never reported
+    size = frame["gorila/replay_size"]
+    updates = frame["learners/__all_modules__/num_gradient_updates"]
+    assert size[3] >= size[2] > size[1], list(size)
+    assert updates[3] > updates[2], list(updates)
+
+
+@pytest.mark.parametrize(
+    ("case", "message"),
+    [
+        ("more CPUs than the cluster", r"a GorilaDQN trial asks for [\d.]+ CPUs but there are 2"),
+        ("an unknown key", r"GorilaDQN has no config key 'lrr' \(value 0.001\).*'lr'"),
+        ("a refused value", r"samples_per_insert must be > 0 or None, got -1.0"),
+        ("VTrace: more CPUs than the cluster", r"a VTrace trial asks for [\d.]+ CPUs"),
+    ],
+    ids=["too-big", "unknown-key", "refused-value", "vtrace-too-big"],
+)
+def test_a_sweep_that_cannot_run_fails_before_any_trial_starts(
+    ray_session, tmp_path, case, message
+):
+    """Tune calls ``default_resource_request`` in the driver as it creates each trial: the
+    algorithm's checks there end ``Tuner.fit()`` with the project's error, and no actor
+    starts (without them the oversized trial waits forever and the unknown key is ignored)."""
+    from conftest import alive_actor_ids
+    from ray import tune
+    from test_rllib_vtrace import small_config as vtrace_config
+
+    spaces = {
+        "more CPUs than the cluster": small_config(runners=12),
+        "an unknown key": {**small_config(runners=1).to_dict(), "lrr": 1e-3},
+        "a refused value": small_config(runners=1).replay(
+            samples_per_insert=tune.grid_search([-1.0, 4.0])
+        ),
+        "VTrace: more CPUs than the cluster": vtrace_config().env_runners(num_env_runners=12),
+    }
+    before = alive_actor_ids()
+    tuner = tune.Tuner(
+        "VTrace" if case.startswith("VTrace") else "GorilaDQN",
+        param_space=spaces[case],
+        run_config=tune.RunConfig(
+            stop={"training_iteration": 1}, storage_path=str(tmp_path), verbose=0
+        ),
+    )
+    with pytest.raises(ValueError, match=message):
+        tuner.fit()
+    assert alive_actor_ids() - before == set()
