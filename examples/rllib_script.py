@@ -152,13 +152,14 @@ def plot_trials(results, metric: str, path: Path, title: str, interval: int) -> 
             ax.plot(frame[ENV_STEPS], frame[TRAIN_RETURN], alpha=0.5, label=f"{label}exploring")
         if metric in frame:
             greedy = evaluations(frame, metric, interval)
-            ax.plot(greedy[ENV_STEPS], greedy[metric], marker="o", label=f"{label}{metric}")
+            name = "greedy" if metric.startswith("evaluation/") else "return"
+            ax.plot(greedy[ENV_STEPS], greedy[metric], marker=".", label=f"{label}{name}")
     ax.set_xlabel("env steps")
-    ax.set_ylabel("return")
+    ax.set_ylabel(metric.replace("env_runners/", ""), fontsize=8)
     ax.set_title(title)
     ax.grid(alpha=0.3)
     if ax.get_legend_handles_labels()[0]:
-        ax.legend(loc="lower right", fontsize=7)
+        ax.legend(loc="upper left", fontsize=7, ncol=2 if len(results) > 2 else 1)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)

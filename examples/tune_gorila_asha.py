@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 from pathlib import Path
 
 import ray
@@ -78,6 +79,7 @@ def search_space(config: GorilaDQNConfig, args) -> GorilaDQNConfig:
 
 def main(argv: list[str] | None = None):
     args = parser.parse_args(argv)
+    os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")  # the progress table below, as RLlib does
     if not ray.is_initialized():
         ray.init()
     config = trial_config(args)
@@ -111,6 +113,20 @@ def main(argv: list[str] | None = None):
             ),
             failure_config=tune.FailureConfig(max_failures=args.max_failures),
             verbose=1,
+            progress_reporter=tune.CLIReporter(
+                metric_columns={
+                    ENV_STEPS: "env steps",
+                    EVAL_RETURN: "greedy",
+                    "gorila/env_steps_per_s": "steps/s",
+                    "gorila/replay_samples_per_insert": "samples/insert now",
+                },
+                parameter_columns={
+                    "lr": "lr",
+                    "n_step": "n-step",
+                    "replay_settings/samples_per_insert": "samples/insert",
+                },
+                max_report_frequency=30,
+            ),
         ),
     )
     results = tuner.fit()

@@ -295,3 +295,69 @@ def test_asha_sweep_example_runs_each_trials_actors_in_its_placement_group(
         limits[wanted] = result.metrics["gorila"]["replay_samples_per_insert_limit"]
     assert limits == {2.0: 2.0, 32.0: 32.0}
     assert (tmp_path / "learning_curve.png").stat().st_size > 10_000
+
+
+@pytest.mark.long  # CI time (see the closing note of the stop that added it)
+def test_pbt_sweep_example_runs_its_trials_inside_their_placement_groups(
+    ray_session, examples, tmp_path
+):
+    """The VTrace PBT sweep with 2 trials and a perturbation every 1,000 env steps runs to its
+    budget, and every actor stays in its trial's placement group. (Whether PBT exploits depends
+    on which trial reports first after each interval: not asserted.)"""
+    example = examples("tune_vtrace_pbt")
+    argv = [
+        "--num-trials=2",
+        "--max-env-steps=3500",
+        "--perturbation-env-steps=1000",
+        f"--storage-path={tmp_path / 'results'}",
+        f"--out={tmp_path}",
+    ]
+    with PlacementWatch() as watch:
+        results = example.main(argv)
+    assert not results.errors and len(results) == 2
+    assert watch.outside == {}, f"actors outside their trial's placement group: {watch.outside}"
+    assert {"VTrace", "VTraceEnvRunner"} <= watch.inside, watch.inside
+    for result in results:  # PBT saved each trial at its perturbations (for the others)
+        assert list((tmp_path / "results" / "tune_vtrace_pbt").glob(f"*{result.path[-60:]}*"))
+    assert (tmp_path / "learning_curve.png").stat().st_size > 10_000
+
+
+@pytest.mark.long  # CI time (see the closing note of the stop that added it)
+def test_tianshou_tune_example_reports_each_epoch_inside_the_trials_placement_group(
+    ray_session, examples, tmp_path
+):
+    """Tianshou GorilaDQN as a Tune function trainable, 2 trials: each reports every epoch
+    (the test return, the collector's replay and policy-lag fields, the trainer's counters) with
+    a checkpoint holding the algorithm and its replay, and its actor and replay shard run inside
+    its placement group."""
+    import ray.cloudpickle
+
+    example = examples("tune_tianshou_gorila")
+    ray.cloudpickle.register_pickle_by_value(example)  # the trial's process lacks examples/
+    argv = [
+        "--lr=1e-3",
+        "--n-step",
+        "1",
+        "3",
+        "--max-env-steps=2000",
+        "--epoch-steps=1000",
+        f"--storage-path={tmp_path / 'results'}",
+        f"--out={tmp_path}",
+    ]
+    try:
+        with PlacementWatch() as watch:
+            results = example.main(argv)
+    finally:
+        ray.cloudpickle.unregister_pickle_by_value(example)
+    assert not results.errors and len(results) == 2
+    assert watch.outside == {}, f"actors outside their trial's placement group: {watch.outside}"
+    assert {"ImplicitFunc", "RestartAwareReplayShard"} <= watch.inside, watch.inside
+    for result in results:
+        frame = result.metrics_dataframe
+        assert list(frame["epoch"]) == [1, 2]
+        assert list(frame["env_step"]) == sorted(frame["env_step"]) and frame["env_step"][1] >= 2000
+        assert "test/returns_stat/mean" in frame and "training/replay/size" in frame
+        assert frame["training/replay/size"].iloc[-1] > 0
+        assert (Path(result.checkpoint.path) / "replay" / "manifest.json").exists()
+        assert (Path(result.checkpoint.path) / "algorithm.pt").exists()
+    assert (tmp_path / "learning_curve.png").stat().st_size > 10_000

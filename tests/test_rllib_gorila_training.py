@@ -45,6 +45,7 @@ def test_rllib_evaluation_runs_the_learners_greedy_policy(ray_session):
         algorithm.stop()
 
 
+@pytest.mark.long  # 30-40 s; make test keeps the checkpoint's replay restore (test_rllib_gorila)
 def test_a_failed_tune_trial_restarts_from_its_last_checkpoint_with_its_replay(
     ray_session, tmp_path
 ):

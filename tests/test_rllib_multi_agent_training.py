@@ -78,9 +78,10 @@ def test_gorila_dqn_shared_module_improves_the_spread_team_return(envs, seed, le
     assert max(s for _, s in checks) >= TEAM_RETURN, f"team returns by env steps: {checks}"
 
 
-# CI runs seed 4, a median run: in one make test-long (2026-12-04) seeds 0-4 reached -35 after
-# 62k, 31k, 10k, 71k and 30k env steps; seed 0 took 81k env steps and 135 s in a CI run.
-@pytest.mark.parametrize("seed", learning_seeds(ci=4))
+# CI runs seed 2 for CI time: in one make test-long (2026-12-04) seeds 0-4 reached -35 after
+# 62k, 31k, 10k, 71k and 30k env steps; seed 4 took 55-69 s in make test, seed 0 up to 135 s.
+# make test-long runs all five.
+@pytest.mark.parametrize("seed", learning_seeds(ci=2))
 def test_vtrace_shared_module_improves_the_spread_team_return(envs, seed, learning_curve):
     # One runner x 8 envs: seeds 0-4 reached -35 after 30k, 61k, 10k, 51k and 51k env steps in
     # 22-74 s; with 2 runners x 4 envs after 10k, 61k, 61k, 61k and 111k (50-150 s in CI).

@@ -1,0 +1,206 @@
+"""A Tune sweep of Tianshou GorilaDQN on CartPole-v1: a function trainable around Tianshou's
+trainer.
+
+Each trial is ``train_gorila(config)``: it builds the algorithm, a ``GorilaCollector`` (its
+Ray actors act with their own Ape-X epsilons) and a ``DistributedPrioritizedReplayBuffer``
+(its shards are Ray actors) and calls ``algorithm.run_training(...)``. A ``TuneReporter``
+logger reports every epoch to Tune after the epoch's greedy test (5 episodes): the test return,
+the collector's throughput, policy lag and replay fields, the trainer's counters, and a
+checkpoint with the algorithm and its replay. ``tianshou_plugins.tune.trial_resources``
+declares the trial's whole footprint (the learner 0.5 CPU, one actor with 4 envs 0.3, one
+replay shard 0.2: 1 CPU), and every actor and shard a trial starts runs inside its placement
+group, so a 2-core laptop runs 2 trials at once. A trial that fails restarts from its last
+checkpoint, the replay included (``--max-failures``). At the end the script prints the best
+trial's config and test return and plots every trial's test curve to
+``<--out>/learning_curve.png``.
+
+    python examples/tune_tianshou_gorila.py [--lr 5e-4 1e-3] [--n-step 1 3]
+        [--max-env-steps 60000] [--storage-path ~/ray_results]
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+from pathlib import Path
+
+import ray
+from ray import tune
+
+from tianshou_plugins.tune import trial_resources
+
+ENV = "CartPole-v1"
+TEST_RETURN = "test/returns_stat/mean"
+LEARNER_CPUS, ACTOR_CPUS, SHARD_CPUS = 0.5, 0.3, 0.2
+
+parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+parser.add_argument("--lr", type=float, nargs="+", default=[5e-4, 1e-3])
+parser.add_argument("--n-step", type=int, nargs="+", default=[1, 3])
+parser.add_argument("--max-env-steps", type=int, default=60_000)
+parser.add_argument("--epoch-steps", type=int, default=5_000, help="env steps per report")
+parser.add_argument("--max-failures", type=int, default=2, help="restarts of a failed trial")
+parser.add_argument("--seed", type=int, default=0)
+parser.add_argument("--storage-path", default=None, help="Tune's storage (default ~/ray_results)")
+parser.add_argument("--out", type=Path, default=Path("runs/tune_tianshou_gorila"))
+
+
+def train_gorila(config: dict) -> None:
+    """One trial: Tianshou GorilaDQN with ``config``'s lr and n-step, reporting every epoch."""
+    import gymnasium as gym
+    import torch
+    from tianshou.algorithm.modelfree.dqn import DiscreteQLearningPolicy
+    from tianshou.algorithm.optim import AdamOptimizerFactory
+    from tianshou.data import Collector
+    from tianshou.env import DummyVectorEnv
+    from tianshou.trainer import OffPolicyTrainerParams
+    from tianshou.utils.net.common import Net
+
+    from tianshou_plugins import DistributedPrioritizedReplayBuffer, GorilaCollector, GorilaDQN
+    from tianshou_plugins.tune import TuneReporter
+
+    torch.set_num_threads(1)
+    torch.manual_seed(config["seed"])
+    env = gym.make(ENV)
+    net = Net(
+        state_shape=env.observation_space.shape,
+        action_shape=env.action_space.n,
+        hidden_sizes=[128, 128],
+    )
+    policy = DiscreteQLearningPolicy(model=net, action_space=env.action_space, eps_inference=0.0)
+    env.close()
+    algorithm = GorilaDQN(
+        policy=policy,
+        optim=AdamOptimizerFactory(lr=config["lr"]),
+        gamma=0.99,
+        n_step_return_horizon=config["n_step"],
+        target_update_freq=250,
+    )
+    buffer = DistributedPrioritizedReplayBuffer(
+        50_000,
+        num_shards=1,
+        num_cpus_per_shard=SHARD_CPUS,
+        min_size_to_sample=1_000,
+        batches_per_request=4,
+        seed=config["seed"],
+    )
+
+    def save(folder: Path) -> None:
+        torch.save(algorithm.state_dict(), folder / "algorithm.pt")
+        buffer.save(str(folder / "replay"))
+
+    def load(folder: Path) -> None:
+        algorithm.load_state_dict(torch.load(folder / "algorithm.pt", weights_only=False))
+        buffer.restore(str(folder / "replay"))
+
+    collector = test_collector = None
+    try:
+        collector = GorilaCollector(
+            algorithm,
+            env_factory=lambda: gym.make(ENV),
+            buffer=buffer,
+            num_actors=1,
+            envs_per_actor=4,
+            num_cpus_per_actor=ACTOR_CPUS,
+            seed=config["seed"],
+        )
+        test_envs = DummyVectorEnv([lambda: gym.make(ENV)] * 5)
+        test_envs.seed([10_000 + i for i in range(5)])
+        test_collector = Collector(policy, test_envs)
+        algorithm.run_training(
+            OffPolicyTrainerParams(
+                training_collector=collector,
+                test_collector=test_collector,
+                max_epochs=math.ceil(config["max_env_steps"] / config["epoch_steps"]),
+                epoch_num_steps=config["epoch_steps"],
+                collection_step_num_env_steps=256,
+                update_step_num_gradient_steps_per_sample=0.25,
+                batch_size=128,
+                test_step_num_episodes=5,
+                logger=TuneReporter(save=save, load=load),
+                resume_from_log=True,  # a restarted trial goes on from its checkpoint
+                show_progress=False,
+            )
+        )
+    finally:
+        if test_collector is not None:
+            test_collector.close()
+        if collector is not None:
+            collector.close()
+        buffer.close()
+
+
+def main(argv: list[str] | None = None):
+    args = parser.parse_args(argv)
+    if not ray.is_initialized():
+        ray.init()
+    resources = trial_resources(
+        num_actors=1,
+        num_cpus_per_actor=ACTOR_CPUS,
+        num_shards=1,
+        num_cpus_per_shard=SHARD_CPUS,
+        num_cpus_for_learner=LEARNER_CPUS,
+    )
+    trial_cpus = sum(bundle.get("CPU", 0.0) for bundle in resources.bundles)
+    cluster_cpus = ray.cluster_resources().get("CPU", 0.0)
+    trials = len(args.lr) * len(args.n_step)
+    if trial_cpus > cluster_cpus:
+        raise ValueError(
+            f"a trial asks for {trial_cpus:g} CPUs ({resources.bundles}) but the Ray cluster "
+            f"has {cluster_cpus:g}"
+        )
+    print(
+        f"{trials} trials; each asks {trial_cpus:g} CPUs ({resources.bundles}), so "
+        f"{min(trials, math.floor(cluster_cpus / trial_cpus + 1e-9))} run at once on this "
+        f"cluster's {cluster_cpus:g} CPUs"
+    )
+    tuner = tune.Tuner(
+        tune.with_resources(train_gorila, resources),
+        param_space={
+            "lr": tune.grid_search(args.lr),
+            "n_step": tune.grid_search(args.n_step),
+            "max_env_steps": args.max_env_steps,
+            "epoch_steps": args.epoch_steps,
+            "seed": args.seed,
+        },
+        tune_config=tune.TuneConfig(metric=TEST_RETURN, mode="max"),
+        run_config=tune.RunConfig(
+            name="tune_tianshou_gorila",
+            storage_path=args.storage_path,
+            checkpoint_config=tune.CheckpointConfig(num_to_keep=1),
+            failure_config=tune.FailureConfig(max_failures=args.max_failures),
+            verbose=1,
+        ),
+    )
+    results = tuner.fit()
+    best = results.get_best_result(scope="all")
+    swept = {"lr": best.config["lr"], "n_step": best.config["n_step"]}
+    print(f"best trial: test return {best.metrics_dataframe[TEST_RETURN].max():.1f} with {swept}")
+    args.out.mkdir(parents=True, exist_ok=True)
+    plot(results, args.out / "learning_curve.png")
+    print(f"learning curves: {args.out / 'learning_curve.png'}")
+    return results
+
+
+def plot(results, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6.5, 3.8))
+    for result in results:
+        frame = result.metrics_dataframe
+        label = f"lr {result.config['lr']:g}, n-step {result.config['n_step']}"
+        ax.plot(frame["env_step"], frame[TEST_RETURN], marker="o", label=label)
+    ax.set_xlabel("env steps")
+    ax.set_ylabel("greedy test return (5 episodes)")
+    ax.set_title("Tianshou GorilaDQN sweep (rl-dist-ext)")
+    ax.grid(alpha=0.3)
+    ax.legend(loc="lower right", fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+if __name__ == "__main__":
+    main()
