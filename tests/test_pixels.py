@@ -381,3 +381,27 @@ def test_rllib_vtrace_module_scales_uint8_inside_and_uses_the_nature_cnn():
         values = module.compute_values({Columns.OBS: torch.as_tensor(frames)})
     torch.testing.assert_close(a[Columns.ACTION_DIST_INPUTS], b[Columns.ACTION_DIST_INPUTS])
     torch.testing.assert_close(values, module.compute_values({Columns.OBS: as_floats}))
+
+
+def test_rllib_vtrace_trains_on_minatar(ray_session):
+    from rllib_plugins import VTraceConfig
+    from rllib_plugins.pixels import pixel_env
+
+    config = (
+        VTraceConfig()
+        .environment(pixel_env("minatar:breakout"))
+        .env_runners(num_env_runners=1, num_envs_per_env_runner=2, num_cpus_per_env_runner=0.1)
+        .training(lr=5e-4, train_batch_size_per_learner=200)
+        .reporting(min_sample_timesteps_per_iteration=200, min_time_s_per_iteration=0.5)
+    )
+    algo = config.build_algo()
+    try:
+        updated = 0
+        for _ in range(20):
+            result = algo.train()
+            updated = result["learners"]["__all_modules__"].get("num_module_steps_trained", 0)
+            if updated > 0:
+                break
+        assert updated > 0, result["learners"]
+    finally:
+        algo.stop()
