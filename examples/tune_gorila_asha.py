@@ -22,7 +22,6 @@ config and greedy return and plots every trial's curve to ``<--out>/learning_cur
 from __future__ import annotations
 
 import argparse
-import math
 import os
 from pathlib import Path
 
@@ -30,6 +29,7 @@ import ray
 from ray import tune
 from ray.tune.schedulers import ASHAScheduler
 from rllib_script import ENV_STEPS, EVAL_RETURN, plot_trials
+from sweep_footprint import print_footprint
 
 from rllib_plugins import GorilaDQN, GorilaDQNConfig
 
@@ -83,14 +83,9 @@ def main(argv: list[str] | None = None):
     if not ray.is_initialized():
         ray.init()
     config = trial_config(args)
-    bundles = GorilaDQN.default_resource_request(config).bundles
-    trial_cpus = sum(bundle.get("CPU", 0.0) for bundle in bundles)
-    cluster_cpus = ray.cluster_resources().get("CPU", 0.0)
-    trials = len(args.lr) * len(args.n_step) * len(args.samples_per_insert) * args.num_samples
-    print(
-        f"{trials} trials; each asks {trial_cpus:g} CPUs ({bundles}), so "
-        f"{min(trials, math.floor(cluster_cpus / trial_cpus + 1e-9))} run at once on this "
-        f"cluster's {cluster_cpus:g} CPUs"
+    print_footprint(
+        GorilaDQN.default_resource_request(config).bundles,
+        len(args.lr) * len(args.n_step) * len(args.samples_per_insert) * args.num_samples,
     )
     scheduler = ASHAScheduler(
         time_attr=ENV_STEPS,

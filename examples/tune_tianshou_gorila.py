@@ -26,7 +26,9 @@ from pathlib import Path
 
 import ray
 from ray import tune
+from sweep_footprint import print_footprint
 
+from rl_dist_ext.ray_actors import check_resources_fit
 from tianshou_plugins.tune import trial_resources
 
 ENV = "CartPole-v1"
@@ -140,19 +142,12 @@ def main(argv: list[str] | None = None):
         num_cpus_per_shard=SHARD_CPUS,
         num_cpus_for_learner=LEARNER_CPUS,
     )
-    trial_cpus = sum(bundle.get("CPU", 0.0) for bundle in resources.bundles)
-    cluster_cpus = ray.cluster_resources().get("CPU", 0.0)
-    trials = len(args.lr) * len(args.n_step)
-    if trial_cpus > cluster_cpus:
-        raise ValueError(
-            f"a trial asks for {trial_cpus:g} CPUs ({resources.bundles}) but the Ray cluster "
-            f"has {cluster_cpus:g}"
-        )
-    print(
-        f"{trials} trials; each asks {trial_cpus:g} CPUs ({resources.bundles}), so "
-        f"{min(trials, math.floor(cluster_cpus / trial_cpus + 1e-9))} run at once on this "
-        f"cluster's {cluster_cpus:g} CPUs"
+    check_resources_fit(  # a trial larger than the cluster would wait forever
+        "a Tianshou GorilaDQN trial",
+        {"CPU": sum(bundle.get("CPU", 0.0) for bundle in resources.bundles)},
+        how_to_lower=f"its placement group is {resources.bundles}",
     )
+    print_footprint(resources.bundles, len(args.lr) * len(args.n_step))
     tuner = tune.Tuner(
         tune.with_resources(train_gorila, resources),
         param_space={

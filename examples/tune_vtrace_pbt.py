@@ -18,7 +18,6 @@ plots every trial's greedy curve to ``<--out>/learning_curve.png``.
 from __future__ import annotations
 
 import argparse
-import math
 import os
 from pathlib import Path
 
@@ -26,6 +25,7 @@ import ray
 from ray import tune
 from ray.tune.schedulers import PopulationBasedTraining
 from rllib_script import EVAL_RETURN, plot_trials
+from sweep_footprint import print_footprint
 
 from rllib_plugins import VTrace, VTraceConfig
 
@@ -71,14 +71,7 @@ def main(argv: list[str] | None = None):
     if not ray.is_initialized():
         ray.init()
     config = trial_config(args)
-    bundles = VTrace.default_resource_request(config).bundles
-    trial_cpus = sum(bundle.get("CPU", 0.0) for bundle in bundles)
-    cluster_cpus = ray.cluster_resources().get("CPU", 0.0)
-    at_once = min(args.num_trials, math.floor(cluster_cpus / trial_cpus + 1e-9))
-    print(
-        f"{args.num_trials} trials; each asks {trial_cpus:g} CPUs ({bundles}), so {at_once} "
-        f"run at once on this cluster's {cluster_cpus:g} CPUs"
-    )
+    print_footprint(VTrace.default_resource_request(config).bundles, args.num_trials)
     low, high = args.lr_range
     scheduler = PopulationBasedTraining(
         time_attr=ENV_STEPS,

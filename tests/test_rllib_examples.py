@@ -358,7 +358,10 @@ def test_tianshou_tune_example_reports_each_epoch_inside_the_trials_placement_gr
         ray.cloudpickle.unregister_pickle_by_value(example)
     assert not results.errors and len(results) == 2
     assert watch.outside == {}, f"actors outside their trial's placement group: {watch.outside}"
-    assert {"ImplicitFunc", "RestartAwareReplayShard"} <= watch.inside, watch.inside
+    # Tune's function trial actor: "ImplicitFunc", or "wrap_function.<locals>.ImplicitFunc"
+    # when an earlier Tune run in the session registered it
+    assert any(name.endswith("ImplicitFunc") for name in watch.inside), watch.inside
+    assert {"GorilaActor", "RestartAwareReplayShard"} <= watch.inside, watch.inside
     for result in results:
         frame = result.metrics_dataframe
         assert list(frame["epoch"]) == [1, 2]
