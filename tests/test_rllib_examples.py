@@ -134,7 +134,9 @@ def test_seed_vtrace_cartpole_example_reaches_its_greedy_reward_as_test(
     assert server["version"] > 1 and server["num_callers"] == 1  # the server got learned weights
 
 
-@pytest.mark.parametrize("seed", learning_seeds())
+# CI runs seed 2: seeds 0-4 reached 0.5 after 9.6k, 9.3k, 4.1k, 2.5k and 8.8k env steps in one
+# make test-long (2026-12-04); seed 0 took 34-47 s of CI's time, where the suite is tight
+@pytest.mark.parametrize("seed", learning_seeds(ci=2))
 def test_tictactoe_example_beats_a_random_player_as_test(
     ray_session, examples, tmp_path, seed, learning_curve
 ):

@@ -54,14 +54,14 @@ def train_until_threshold(
 
 
 DEFAULTS_BUDGET_ENV_STEPS = 300_000
-DEFAULTS_EVAL_EVERY_ENV_STEPS = 20_000
+DEFAULTS_EVAL_EVERY_ENV_STEPS = 10_000
 
 
 @pytest.mark.parametrize("seed", learning_seeds())
 def test_vtrace_defaults_learn_cartpole_on_a_laptop(ray_session, seed, learning_curve):
     """What a new user runs: ``VTraceConfig().environment("CartPole-v1")`` with 2 env runners
     and every other setting at its default, on the 2-CPU session (no GPU: central inference
-    stays off). Greedy return >= 150 within 300k env steps, checked every 20k; the old
+    stays off). Greedy return >= 150 within 300k env steps, checked every 10k; the old
     defaults (central inference on the CPU, 1 env per runner) reached 70.8 in 300 s."""
     from test_rllib_vtrace import actors_left_since, alive_actor_classes
 
