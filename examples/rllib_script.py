@@ -4,7 +4,8 @@ Each script builds its config and hands it to RLlib's ``run_rllib_example_script
 so the flags are RLlib's (``--stop-reward``, ``--stop-timesteps``, ``--stop-iters``,
 ``--as-test``, ``--num-samples``, ``--checkpoint-freq``, ``--checkpoint-at-end``,
 ``--num-env-runners``, ``--evaluation-interval``, ``--no-tune``, ``--wandb-key``; see
-``--help``), plus ``--seed`` and ``--out`` (where the learning-curve PNG goes).
+``--help``), plus ``--seed``, ``--out`` (where the learning-curve PNG goes) and
+``--restore-from`` (go on from a checkpoint, replay included).
 
 The success metric is a greedy one: RLlib's own evaluation runners act with ``explore=False``
 every ``--evaluation-interval`` iterations, and ``--stop-reward`` applies to their mean return
@@ -53,6 +54,13 @@ def example_parser(
         help="folder for the learning curve PNG (Tune's results and checkpoints go to "
         "~/ray_results as usual)",
     )
+    parser.add_argument(
+        "--restore-from",
+        type=Path,
+        default=None,
+        help="a checkpoint folder (a trial's checkpoint_000000, or algo.save_to_path's) to go "
+        "on from: its weights, optimizer, counters and (GorilaDQN) replay",
+    )
     settings = {"evaluation_interval": 2, "evaluation_duration": 10, "verbose": 1}
     parser.set_defaults(algo=algo, **(settings | defaults))
     return parser
@@ -62,6 +70,20 @@ def greedy_evaluation(config):
     """RLlib's evaluation, acting greedily (``explore=False``); the script's arguments set its
     interval and duration."""
     return config.evaluation(evaluation_config={"explore": False})
+
+
+def restore_at_start(config, checkpoint: Path):
+    """``config`` whose algorithm restores ``checkpoint`` as soon as it is built (RLlib's
+    ``on_algorithm_init`` callback, as RLlib's own continue-from-checkpoint example does): every
+    trial starts from the checkpoint's state, its counters (iterations, env steps) included, so
+    ``--stop-iters`` and ``--stop-timesteps`` count on from the checkpoint's."""
+    path = str(Path(checkpoint).resolve())
+    if not Path(path, "rllib_checkpoint.json").exists():
+        raise ValueError(f"--restore-from {checkpoint}: not an RLlib checkpoint folder")
+    # a lambda: Tune pickles it by value into the trial's process (which lacks examples/)
+    return config.callbacks(
+        on_algorithm_init=lambda algorithm, **_: algorithm.restore_from_path(path)
+    )
 
 
 def run(
@@ -82,6 +104,8 @@ def run(
     from ray import tune
     from ray.rllib.examples.utils import run_rllib_example_script_experiment
 
+    if args.restore_from is not None:
+        config = restore_at_start(config, args.restore_from)
     if args.evaluation_interval <= 0 and metric == EVAL_RETURN:
         metric = TRAIN_RETURN
     stop = {metric: args.stop_reward, ENV_STEPS: args.stop_timesteps}

@@ -1,5 +1,6 @@
 """What the Tianshou examples share: a progress-logging TensorBoard logger that keeps the
-learning curve, the curve's PNG, and a greedy test collector."""
+learning curve, the curve's PNG, a greedy test collector, and the command line of the scripts
+written in Tianshou's example style."""
 
 from __future__ import annotations
 
@@ -103,3 +104,18 @@ def log_outputs(out: Path, checkpoint: str) -> None:
     log.info("checkpoint: %s", checkpoint)
     log.info("tensorboard logs: %s", out / "tb")
     log.info("learning curve: %s", out / "learning_curve.png")
+
+
+def run_cli(main: Callable) -> None:
+    """Run ``main`` with its keyword arguments as the command line (``--task``, ``--seed``,
+    ...; ``--help`` lists them with the docstring's descriptions), as Tianshou's examples do
+    with ``sensai``'s ``run_cli``, which parses with the same library (jsonargparse) but logs an
+    exception and exits with 0: here an exception ends the script with its traceback and a
+    non-zero status."""
+    from jsonargparse import CLI
+
+    logging.basicConfig(
+        level=logging.INFO, format="%(levelname)-5s %(asctime)s %(name)s - %(message)s"
+    )
+    CLI(main, as_positional=False)
+

@@ -17,6 +17,8 @@ from pathlib import Path
 import pytest
 from script_pool import session_pool
 
+ROOT = Path(__file__).resolve().parents[1]
+
 pytestmark = pytest.mark.subprocess
 
 #: test -> (script and its arguments, ``{out}`` standing for the test's output folder;
@@ -44,6 +46,14 @@ SCRIPTS: dict[str, tuple[str, float]] = {
         (
             "examples/tianshou_gorila_cartpole.py --env-steps 1500 --epoch-steps 750 "
             "--num-actors 1 --envs-per-actor 2 --out {out}"
+        ),
+        240,
+    ),
+    "test_tianshou_gorila_hl_example_runs_an_experiment_and_watches_it": (
+        (
+            "examples/tianshou_gorila_cartpole_hl.py --max_epochs 1 --epoch_num_steps 500 "
+            "--learning_starts 200 --buffer_size 2000 --num_actors 1 --envs_per_actor 2 "
+            "--num_test_envs 2 --watch_num_episodes 1 --persistence_base_dir {out}"
         ),
         240,
     ),
@@ -155,6 +165,26 @@ SCRIPTS: dict[str, tuple[str, float]] = {
 }
 
 
+#: The Tianshou MinAtar example twice in one process, as a user restores and continues: one
+#: epoch, then ``--resume_path`` to the run's folder for a second (``{out}``: the test's folder)
+MINATAR_TRAIN_THEN_RESUME = """
+import glob, runpy, sys
+sys.path.insert(0, {examples!r})  # the example's own imports (ray_cluster, tianshou_progress)
+example = {examples!r} + "/tianshou_gorila_minatar.py"
+common = ["--epoch_num_steps", "300", "--learning_starts", "100", "--buffer_size", "2000",
+          "--num_actors", "1", "--envs_per_actor", "2", "--num_test_envs", "2",
+          "--show_progress", "false", "--persistence_base_dir", {out!r}]
+sys.argv = [example, "--epoch", "1", *common]
+runpy.run_path(example, run_name="__main__")
+(run,) = glob.glob({out!r} + "/breakout/gorila/0/*")
+sys.argv = [example, "--epoch", "2", "--resume_path", run, *common]
+runpy.run_path(example, run_name="__main__")
+sys.argv = [example, "--watch", "true", "--resume_path", run, "--num_test_envs", "2"]
+runpy.run_path(example, run_name="__main__")
+"""
+MINATAR_TEST = "test_tianshou_minatar_example_trains_resumes_and_watches"
+
+
 def script_runs(pool, selected: list[str], mktemp) -> None:
     """Queue the runs of this module's ``selected`` tests (``script_pool``: at the session's
     first test that may start processes)."""
@@ -163,6 +193,12 @@ def script_runs(pool, selected: list[str], mktemp) -> None:
             args, timeout = SCRIPTS[name]
             out = mktemp(name)
             pool.submit(name, args.replace("{out}", str(out)).split(), timeout, out_dir=out)
+    if MINATAR_TEST in selected:
+        out = mktemp(MINATAR_TEST)
+        driver = out / "train_then_resume.py"
+        examples = str(ROOT / "examples")
+        driver.write_text(MINATAR_TRAIN_THEN_RESUME.format(examples=examples, out=str(out)))
+        pool.submit(MINATAR_TEST, [driver], 280, out_dir=out)  # three runs, two Ray sessions
 
 
 @pytest.fixture
@@ -232,6 +268,33 @@ def test_tianshou_gorila_example_trains_and_writes_checkpoint_and_curve(output, 
     import torch
 
     state = torch.load(out_dir / "checkpoint" / "algorithm.pt", weights_only=False)
+    assert state["_extra_state"]["num_gradient_updates"] > 0
+
+
+def test_tianshou_gorila_hl_example_runs_an_experiment_and_watches_it(output, out_dir):
+    """Tianshou's ExperimentBuilder with GorilaDQN: trained, tested, logged, watched. (Its
+    policy file is written at a test that beats the first one: not within one tiny epoch.)"""
+    assert "Best test return" in output and "Watched episodes" in output
+    (experiment,) = (out_dir / "CartPole-v1").glob("GorilaDQNExperiment_*/exp_seed=0")
+    assert "Epoch #1: test_reward" in (experiment / "log.txt").read_text()
+    assert list(experiment.glob("events.out.tfevents.*"))
+
+
+def test_tianshou_minatar_example_trains_resumes_and_watches(output, out_dir):
+    """The pixel example in Tianshou's style: an epoch with its checkpoint (algorithm and the
+    compressed replay), a second epoch resumed from it (weights, replay rows, the trainer's
+    epoch and env-step counters), then ``--watch`` of the checkpoint."""
+    (run,) = (out_dir / "breakout" / "gorila" / "0").iterdir()
+    assert "Checkpoint of epoch 1" in output
+    assert "Loaded the algorithm from" in output and "replay rows from" in output
+    assert "Epoch #2:" in output and "Checkpoint of epoch 2" in output
+    assert "Epoch #1:" not in output.split("replay rows from")[1]  # resumed after epoch 1
+    assert (run / "checkpoint" / "replay" / "manifest.json").exists()
+    assert (run / "learning_curve.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+    import torch
+
+    state = torch.load(run / "checkpoint" / "algorithm.pt", weights_only=False)
     assert state["_extra_state"]["num_gradient_updates"] > 0
 
 

@@ -69,7 +69,8 @@ def greedy_checks(results, metric: str, interval: int) -> list[tuple[int, float]
 def test_gorila_cartpole_example_reaches_its_greedy_reward_as_test(
     ray_session, examples, tmp_path, seed, learning_curve
 ):
-    """GorilaDQN on CartPole: the greedy evaluation return reaches 150 within 50k env steps."""
+    """GorilaDQN on CartPole: the greedy evaluation return reaches 150 within 50k env steps;
+    then ``--restore-from`` the trial's checkpoint goes on from its state."""
     from rllib_plugins.evaluation import greedy_return
 
     example = examples("rllib_gorila_cartpole")
@@ -93,9 +94,24 @@ def test_gorila_cartpole_example_reaches_its_greedy_reward_as_test(
     learning_curve.extend(greedy_checks(results, "evaluation/env_runners/episode_return_mean", 3))
     assert not results.errors
     assert (tmp_path / "learning_curve.png").stat().st_size > 10_000
-    assert (Path(results[0].checkpoint.path) / "replay" / "manifest.json").exists()
-    gorila = results[0].metrics["gorila"]
-    assert gorila["replay_size"] > 0 and gorila["env_steps_per_s"] > 0
+    checkpoint = Path(results[0].checkpoint.path)
+    assert (checkpoint / "replay" / "manifest.json").exists()
+    saved = results[0].metrics
+    assert saved["gorila"]["replay_size"] > 0 and saved["gorila"]["env_steps_per_s"] > 0
+
+    # Restore and continue, as the script's --restore-from does: one more iteration, which
+    # starts from the checkpoint's counters, weights and replay.
+    argv = ["--stop-iters=1", "--num-env-runners=1", "--evaluation-interval=0"]
+    argv.append(f"--restore-from={checkpoint}")
+    (result,) = example.main([*argv, f"--out={tmp_path / 'continued'}"], keep_ray_up=True)
+    assert result.metrics["training_iteration"] == saved["training_iteration"] + 1
+    lifetime = "num_env_steps_sampled_lifetime"
+    assert result.metrics["env_runners"][lifetime] > saved["env_runners"][lifetime]
+    assert result.metrics["gorila"]["replay_size"] >= saved["gorila"]["replay_size"]
+    assert (
+        result.metrics["gorila"]["learner_weights_version"]
+        > saved["gorila"]["learner_weights_version"]
+    )
 
 
 # CI runs seed 3, the median: seeds 0-4 reached 150 after 42k, 37k, 25k, 38k and 40k env steps
