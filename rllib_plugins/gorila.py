@@ -57,7 +57,7 @@ from rllib_plugins.env_checks import check_env_spaces
 from rllib_plugins.gorila_env_runner import GorilaEnvRunner, GorilaMultiAgentEnvRunner
 from rllib_plugins.gorila_learner import GorilaDQNTorchLearner
 from rllib_plugins.multi_agent import trained_module_ids
-from rllib_plugins.resources import check_cluster_fits, check_trial
+from rllib_plugins.resources import CheckedTrialResources, check_cluster_fits
 from rllib_plugins.runner_health import RunnerHealth
 
 try:
@@ -399,7 +399,7 @@ class GorilaDQNConfig(CentralInferenceSettingsMixin, DQNConfig):
         return len(self.trained_module_ids()) if self.is_multi_agent else 1
 
 
-class GorilaDQN(DQN):
+class GorilaDQN(CheckedTrialResources, DQN):
     """See the module docstring; configure it with :class:`GorilaDQNConfig`."""
 
     @classmethod
@@ -407,19 +407,12 @@ class GorilaDQN(DQN):
         return GorilaDQNConfig()
 
     @classmethod
-    def default_resource_request(cls, config) -> PlacementGroupFactory:
-        """A Tune trial's placement group (:meth:`resource_request`), after the checks that
-        let a sweep that cannot run fail before any trial starts
-        (:func:`~rllib_plugins.resources.check_trial`)."""
-        request = cls.resource_request(config)
-        check_trial(cls, config, request.bundles)
-        return request
-
-    @classmethod
     def resource_request(cls, config) -> PlacementGroupFactory:
-        """RLlib's bundles, one ``{"CPU": num_cpus_per_shard}`` bundle per replay shard and, in
-        SEED mode, one for the inference server (last)."""
-        base = super().default_resource_request(config)
+        """A Tune trial's placement group (Tune's ``default_resource_request`` returns it after
+        :func:`~rllib_plugins.resources.check_trial`): RLlib's bundles, one
+        ``{"CPU": num_cpus_per_shard}`` bundle per replay shard and, in SEED mode, one for the
+        inference server (last)."""
+        base = cls.framework_resource_request(config)
         config = cls.get_default_config().update_from_dict(config)
         replay = config.replay_config()
         shard = {"CPU": replay.num_cpus_per_shard}

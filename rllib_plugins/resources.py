@@ -64,6 +64,24 @@ def check_trial(algo_cls: type, config: Any, bundles: list[dict[str, float]]) ->
     )
 
 
+class CheckedTrialResources:
+    """Mixed into an algorithm class ahead of RLlib's: Tune's ``default_resource_request``
+    returns the class's :meth:`resource_request` after :func:`check_trial`, so that a sweep
+    that cannot run fails before any trial starts. A class that mixes it in defines
+    ``resource_request(config)`` on top of :meth:`framework_resource_request` (RLlib's own)."""
+
+    @classmethod
+    def default_resource_request(cls, config):
+        request = cls.resource_request(config)
+        check_trial(cls, config, request.bundles)
+        return request
+
+    @classmethod
+    def framework_resource_request(cls, config):
+        """The placement group the RLlib algorithm below this mixin asks for."""
+        return super(CheckedTrialResources, cls).default_resource_request(config)
+
+
 def _check_known_keys(algo_cls: type, config: dict) -> None:
     from ray.tune.result import TRIAL_INFO
 

@@ -53,7 +53,7 @@ from rllib_plugins.central_inference import (
     server_module_spec,
 )
 from rllib_plugins.multi_agent import trained_module_ids
-from rllib_plugins.resources import check_cluster_fits, check_trial
+from rllib_plugins.resources import CheckedTrialResources, check_cluster_fits
 from rllib_plugins.runner_health import RunnerHealth
 
 log = logging.getLogger(__name__)
@@ -199,7 +199,7 @@ class VTraceConfig(CentralInferenceSettingsMixin, IMPALAConfig):
             )
 
 
-class VTrace(IMPALA):
+class VTrace(CheckedTrialResources, IMPALA):
     """IMPALA with the shared V-trace learner and SEED central inference."""
 
     @classmethod
@@ -207,18 +207,11 @@ class VTrace(IMPALA):
         return VTraceConfig()
 
     @classmethod
-    def default_resource_request(cls, config) -> PlacementGroupFactory:
-        """A Tune trial's placement group (:meth:`resource_request`), after the checks that
-        let a sweep that cannot run fail before any trial starts
-        (:func:`~rllib_plugins.resources.check_trial`)."""
-        request = cls.resource_request(config)
-        check_trial(cls, config, request.bundles)
-        return request
-
-    @classmethod
     def resource_request(cls, config) -> PlacementGroupFactory:
-        """RLlib's bundles plus one for the inference server (when enabled)."""
-        base = super().default_resource_request(config)
+        """A Tune trial's placement group (Tune's ``default_resource_request`` returns it after
+        :func:`~rllib_plugins.resources.check_trial`): RLlib's bundles plus one for the
+        inference server (when enabled)."""
+        base = cls.framework_resource_request(config)
         config = cls.get_default_config().update_from_dict(config)
         if not config.uses_central_inference():
             return base

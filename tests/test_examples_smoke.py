@@ -57,31 +57,6 @@ SCRIPTS: dict[str, tuple[str, float]] = {
         ),
         240,
     ),
-    # The sweeps and the VTrace MinAtar script, each a tiny Tune run of its own (their runs on
-    # the session's Ray, which check every actor's placement group or learn, are in
-    # tests/test_rllib_examples.py's make test-long)
-    "test_vtrace_pbt_sweep_example_runs_its_trials": (
-        (
-            "examples/tune_vtrace_pbt.py --num-trials=2 --max-env-steps=2000 "
-            "--perturbation-env-steps=1000 --storage-path={out}/results --out={out}"
-        ),
-        280,
-    ),
-    "test_tianshou_tune_example_runs_its_trials": (
-        (
-            "examples/tune_tianshou_gorila.py --lr=1e-3 --n-step 1 3 --max-env-steps=1000 "
-            "--epoch-steps=500 --storage-path={out}/results --out={out}"
-        ),
-        280,
-    ),
-    "test_vtrace_minatar_example_runs_an_iteration": (
-        (
-            "examples/rllib_vtrace_minatar.py --stop-timesteps=1000 --stop-iters=20 "
-            "--num-env-runners=1 --num-envs-per-env-runner=2 --evaluation-interval=1 "
-            "--evaluation-duration=1 --out={out}"
-        ),
-        240,
-    ),
     "test_tianshou_vtrace_example_trains_and_writes_checkpoint_and_curve": (
         (
             "examples/tianshou_vtrace_cartpole.py --env-steps 2048 --epoch-steps 1024 "
@@ -321,23 +296,6 @@ def test_tianshou_minatar_example_trains_resumes_and_watches(output, out_dir):
 
     state = torch.load(run / "checkpoint" / "algorithm.pt", weights_only=False)
     assert state["_extra_state"]["num_gradient_updates"] > 0
-
-
-def test_vtrace_pbt_sweep_example_runs_its_trials(output, out_dir):
-    assert "best trial: greedy return" in output
-    assert (out_dir / "learning_curve.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-
-
-def test_tianshou_tune_example_runs_its_trials(output, out_dir):
-    assert "best trial: test return" in output
-    assert (out_dir / "learning_curve.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    checkpoints = list((out_dir / "results").rglob("replay/manifest.json"))
-    assert len(checkpoints) >= 2, checkpoints  # each trial's epochs: algorithm and replay
-
-
-def test_vtrace_minatar_example_runs_an_iteration(output, out_dir):
-    assert "best trial: evaluation/env_runners/episode_return_mean" in output
-    assert (out_dir / "learning_curve.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 def test_tianshou_vtrace_example_trains_and_writes_checkpoint_and_curve(output, out_dir):

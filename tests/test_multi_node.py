@@ -344,6 +344,10 @@ def test_rllib_gorila_loses_a_node_runs_degraded_and_recovers_when_a_node_joins(
         algorithm.stop()
 
 
+# make test-long for CI time (30-46 s): make test restarts actors after a lost node with
+# test_rllib_gorila_loses_a_node_runs_degraded_and_recovers_when_a_node_joins, a shard and an
+# inference server on a replacement node, and each framework's killed actors and servers
+@pytest.mark.long
 def test_tianshou_gorila_loses_a_node_runs_degraded_and_recovers_when_a_node_joins(
     ray_nodes, tmp_path
 ):
@@ -407,6 +411,10 @@ def test_tianshou_gorila_loses_a_node_runs_degraded_and_recovers_when_a_node_joi
         ray.kill(holder)
 
 
+# make test-long for CI time (30-46 s): make test restarts actors after a lost node with
+# test_rllib_gorila_loses_a_node_runs_degraded_and_recovers_when_a_node_joins, a shard and an
+# inference server on a replacement node, and each framework's killed actors and servers
+@pytest.mark.long
 def test_rllib_vtrace_server_on_a_lost_node_restarts_on_a_surviving_node(ray_nodes):
     """VTrace in SEED mode with the head's CPU held, so the inference server and the env
     runner start on the one worker node. That node dies: no runner and no server is up, and the
