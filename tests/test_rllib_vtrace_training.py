@@ -1,5 +1,5 @@
 """VTrace (local inference, as a new user runs it) and GorilaDQN in SEED mode end to end:
-learning within an env-step budget, and a 2-trial Tune run of "VTrace" by name. VTrace in SEED
+learning within an env-step budget, and a Tune run of "VTrace" by name. VTrace in SEED
 mode learns in the example script's ``--as-test`` run (``tests/test_rllib_examples.py``).
 
 Kept apart from test_rllib_vtrace.py so that module's shared algorithm has released its CPUs
@@ -115,14 +115,15 @@ def test_gorila_dqn_in_seed_mode_learns_cartpole_within_env_step_budget(
     assert max(score for _, score in scores) >= THRESHOLD, f"greedy returns by env steps: {scores}"
 
 
-def test_tune_runs_two_vtrace_trials_by_name(ray_session, tmp_path):
-    """Each trial asks for 0.8 CPU (main 0.3, 2 runners x 0.2, server 0.1): both fit in 2."""
+def test_tune_runs_a_vtrace_trial_by_name(ray_session, tmp_path):
+    """A trial asks for 0.8 CPU (main 0.3, 2 runners x 0.2, server 0.1): two fit in 2 CPUs.
+    One trial runs (CI time; the PBT sweep example runs two in make test-long)."""
     from ray import tune
 
     from rllib_plugins import VTrace
 
     config = small_config().env_runners(num_env_runners=1)  # a runner per trial is enough
-    config = config.training(lr=tune.grid_search([5e-4, 1e-3]))
+    config = config.training(lr=tune.grid_search([1e-3]))
     bundles = VTrace.default_resource_request(small_config()).bundles
     assert sum(b["CPU"] for b in bundles) <= 1.0
     assert bundles[-1] == {"CPU": 0.1}  # the inference server's own bundle
@@ -139,9 +140,9 @@ def test_tune_runs_two_vtrace_trials_by_name(ray_session, tmp_path):
         run_config=tune.RunConfig(stop=served, storage_path=str(tmp_path), verbose=0),
     )
     results = tuner.fit()
-    assert len(results) == 2
+    assert len(results) == 1
     assert not results.errors
-    assert sorted(result.config["lr"] for result in results) == [5e-4, 1e-3]
+    assert [result.config["lr"] for result in results] == [1e-3]
     for result in results:
         assert 1 <= result.metrics["training_iteration"] <= 5
         assert result.metrics["central_inference"]["num_callers"] == 1
