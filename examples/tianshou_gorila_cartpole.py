@@ -30,6 +30,7 @@ from tianshou.algorithm.optim import AdamOptimizerFactory
 from tianshou.trainer import OffPolicyTrainerParams
 from tianshou.utils.net.common import Net
 from tianshou_progress import (
+    GORILA_PROGRESS_FIELDS,
     CurveLogger,
     final_greedy_return,
     greedy_collector,
@@ -96,12 +97,7 @@ def main() -> None:
     writer = SummaryWriter(str(args.out / "tb"))
     logger = CurveLogger(
         writer,
-        progress_fields={
-            "actors steps/s": "env_steps_per_s",
-            "replay": "replay/size",
-            "samples/insert": "replay/samples_per_insert",
-            "policy lag": "policy_lag_mean",
-        },
+        progress_fields=GORILA_PROGRESS_FIELDS,
         training_interval=1_000,
         save_interval=1,
     )

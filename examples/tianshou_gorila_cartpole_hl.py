@@ -102,7 +102,9 @@ def main(
         update_step_num_gradient_steps_per_sample=0.25,
     )
     env_factory = EnvFactoryRegistered(
-        task=task, venv_type=VectorEnvType.DUMMY, render_mode_watch=None  # no window
+        task=task,
+        venv_type=VectorEnvType.DUMMY,
+        render_mode_watch=None,  # no window
     )
     experiment = (
         GorilaDQNExperimentBuilder(env_factory, experiment_config, training_config)
@@ -132,8 +134,10 @@ def main(
     try:
         if result.trainer_result is None:  # watched a restored policy only
             return None
-        log.info(f"Best test return {result.trainer_result.best_reward:.1f} after "
-                 f"{result.trainer_result.train_step} env steps")
+        log.info(
+            f"Best test return {result.trainer_result.best_reward:.1f} after "
+            f"{result.trainer_result.train_step} env steps"
+        )
         return float(result.trainer_result.best_reward)
     finally:
         close_world(result.world)  # the actors and the replay shards

@@ -19,7 +19,8 @@ checkpoint, logs into the same run folder and goes on from its last epoch and en
 the checkpoint given by ``--resume_path``::
 
     .venv/bin/python examples/tianshou_gorila_minatar.py --seed 0
-    .venv/bin/python examples/tianshou_gorila_minatar.py --resume_path log/breakout/gorila/0/<time> --epoch 80
+    .venv/bin/python examples/tianshou_gorila_minatar.py --epoch 80 \\
+        --resume_path log/breakout/gorila/0/<time>
 
 Its settings are the MinAtar race's (benchmarks/minatar_race.py): lr 5e-4, batch 32, 8
 replayed samples per inserted one, target network every 1,000 updates, 100k rows, learning
@@ -42,7 +43,13 @@ from ray_cluster import start_ray
 from tianshou.algorithm.modelfree.dqn import DiscreteQLearningPolicy
 from tianshou.algorithm.optim import AdamOptimizerFactory
 from tianshou.trainer import OffPolicyTrainerParams
-from tianshou_progress import CurveLogger, greedy_collector, plot_curve, run_cli
+from tianshou_progress import (
+    GORILA_PROGRESS_FIELDS,
+    CurveLogger,
+    greedy_collector,
+    plot_curve,
+    run_cli,
+)
 from torch.utils.tensorboard import SummaryWriter
 
 from rl_dist_ext.pixel_envs import make_minatar
@@ -163,12 +170,7 @@ def main(
         log.info(f"Restored {len(buffer)} replay rows from {checkpoint_dir / 'replay'}")
     logger = CurveLogger(
         SummaryWriter(str(log_path)),
-        progress_fields={
-            "actors steps/s": "env_steps_per_s",
-            "replay": "replay/size",
-            "samples/insert": "replay/samples_per_insert",
-            "policy lag": "policy_lag_mean",
-        },
+        progress_fields=GORILA_PROGRESS_FIELDS,
         training_interval=2_000,
         save_interval=1,
     )

@@ -18,6 +18,14 @@ from torch.utils.tensorboard import SummaryWriter
 
 log = logging.getLogger("tianshou_progress")
 
+#: A GorilaCollector's fields in each progress line: label -> logged key
+GORILA_PROGRESS_FIELDS = {
+    "actors steps/s": "env_steps_per_s",
+    "replay": "replay/size",
+    "samples/insert": "replay/samples_per_insert",
+    "policy lag": "policy_lag_mean",
+}
+
 
 class CurveLogger(TensorboardLogger):
     """Tianshou's TensorBoard logger that also keeps the learning curve and logs progress.
@@ -118,4 +126,3 @@ def run_cli(main: Callable) -> None:
         level=logging.INFO, format="%(levelname)-5s %(asctime)s %(name)s - %(message)s"
     )
     CLI(main, as_positional=False)
-

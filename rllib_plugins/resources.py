@@ -79,7 +79,7 @@ class CheckedTrialResources:
     @classmethod
     def framework_resource_request(cls, config):
         """The placement group the RLlib algorithm below this mixin asks for."""
-        return super(CheckedTrialResources, cls).default_resource_request(config)
+        return super().default_resource_request(config)
 
 
 def _check_known_keys(algo_cls: type, config: dict) -> None:
