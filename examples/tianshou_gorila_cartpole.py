@@ -36,6 +36,7 @@ from tianshou_progress import (
     greedy_collector,
     log_outputs,
     plot_curve,
+    save_checkpoint,
 )
 from torch.utils.tensorboard import SummaryWriter
 from tqdm.contrib.logging import logging_redirect_tqdm
@@ -102,10 +103,8 @@ def main() -> None:
         save_interval=1,
     )
 
-    def save_checkpoint(epoch: int, env_step: int, gradient_step: int) -> str:
-        checkpoint_dir.mkdir(parents=True, exist_ok=True)
-        torch.save(algorithm.state_dict(), checkpoint_dir / "algorithm.pt")
-        buffer.save(str(checkpoint_dir / "replay"))
+    def save_checkpoint_fn(epoch: int, env_step: int, gradient_step: int) -> str:
+        save_checkpoint(algorithm, buffer, checkpoint_dir)
         log.info("checkpoint (epoch %d, %d env steps): %s", epoch, env_step, checkpoint_dir)
         return str(checkpoint_dir)
 
@@ -133,7 +132,7 @@ def main() -> None:
                     batch_size=128,
                     test_step_num_episodes=10,
                     stop_fn=lambda mean_return: mean_return >= args.target_return,
-                    save_checkpoint_fn=save_checkpoint,
+                    save_checkpoint_fn=save_checkpoint_fn,
                     logger=logger,
                     show_progress=True,
                     verbose=False,  # Tianshou logs each test result through `logging` anyway

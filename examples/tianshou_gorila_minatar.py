@@ -47,8 +47,10 @@ from tianshou_progress import (
     GORILA_PROGRESS_FIELDS,
     CurveLogger,
     greedy_collector,
+    load_checkpoint,
     plot_curve,
     run_cli,
+    save_checkpoint,
 )
 from torch.utils.tensorboard import SummaryWriter
 
@@ -144,7 +146,7 @@ def main(
                 f"resume_path={resume_path!r} has no checkpoint/algorithm.pt: give the folder of "
                 "a run of this script (<persistence_base_dir>/<task>/gorila/<seed>/<time>)"
             )
-        algorithm.load_state_dict(torch.load(checkpoint_dir / "algorithm.pt"))
+        load_checkpoint(algorithm, None, checkpoint_dir)  # the replay once it is up
         log.info(f"Loaded the algorithm from {checkpoint_dir}")
     test_collector = greedy_collector(policy, make_env, num_test_envs, seed=10_000 + seed)
     if watch:
@@ -177,9 +179,7 @@ def main(
     logger.writer.add_text("args", str(params_log_info))
 
     def save_checkpoint_fn(epoch: int, env_step: int, gradient_step: int) -> str:
-        checkpoint_dir.mkdir(parents=True, exist_ok=True)
-        torch.save(algorithm.state_dict(), checkpoint_dir / "algorithm.pt")
-        buffer.save(str(checkpoint_dir / "replay"))
+        save_checkpoint(algorithm, buffer, checkpoint_dir)
         log.info(f"Checkpoint of epoch {epoch} ({env_step} env steps): {checkpoint_dir}")
         return str(checkpoint_dir)
 

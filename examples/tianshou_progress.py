@@ -1,6 +1,6 @@
 """What the Tianshou examples share: a progress-logging TensorBoard logger that keeps the
-learning curve, the curve's PNG, a greedy test collector, and the command line of the scripts
-written in Tianshou's example style."""
+learning curve, the curve's PNG, a greedy test collector, checkpoints of an algorithm with its
+replay, and the command line of the scripts written in Tianshou's example style."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import gymnasium as gym
+import torch
 from tianshou.algorithm.algorithm_base import Policy
 from tianshou.data import Collector
 from tianshou.env import DummyVectorEnv
@@ -105,6 +106,22 @@ def final_greedy_return(
         return float(collector.collect(n_episode=episodes).returns_stat.mean)
     finally:
         collector.close()
+
+
+def save_checkpoint(algorithm, buffer, folder: Path) -> None:
+    """The algorithm's state (policy, optimizer, counters) as ``folder/algorithm.pt`` and the
+    replay (a distributed replay's shards, each saving its own rows) under ``folder/replay``."""
+    folder.mkdir(parents=True, exist_ok=True)
+    torch.save(algorithm.state_dict(), folder / "algorithm.pt")
+    buffer.save(str(folder / "replay"))
+
+
+def load_checkpoint(algorithm, buffer, folder: Path) -> None:
+    """Load what :func:`save_checkpoint` wrote into ``algorithm`` and ``buffer`` (``buffer``
+    None: the algorithm only, e.g. to watch its policy)."""
+    algorithm.load_state_dict(torch.load(folder / "algorithm.pt", weights_only=False))
+    if buffer is not None:
+        buffer.restore(str(folder / "replay"))
 
 
 def log_outputs(out: Path, checkpoint: str) -> None:

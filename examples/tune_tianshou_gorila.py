@@ -26,7 +26,7 @@ from pathlib import Path
 
 import ray
 from ray import tune
-from sweep_footprint import print_footprint
+from sweep_footprint import plot_test_curves, print_footprint
 
 from rl_dist_ext.ray_actors import check_resources_fit
 from tianshou_plugins.tune import trial_resources
@@ -171,30 +171,15 @@ def main(argv: list[str] | None = None):
     swept = {"lr": best.config["lr"], "n_step": best.config["n_step"]}
     print(f"best trial: test return {best.metrics_dataframe[TEST_RETURN].max():.1f} with {swept}")
     args.out.mkdir(parents=True, exist_ok=True)
-    plot(results, args.out / "learning_curve.png")
+    plot_test_curves(
+        results,
+        TEST_RETURN,
+        args.out / "learning_curve.png",
+        "Tianshou GorilaDQN sweep (rl-dist-ext)",
+        lambda config: f"lr {config['lr']:g}, n-step {config['n_step']}",
+    )
     print(f"learning curves: {args.out / 'learning_curve.png'}")
     return results
-
-
-def plot(results, path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(6.5, 3.8))
-    for result in results:
-        frame = result.metrics_dataframe
-        label = f"lr {result.config['lr']:g}, n-step {result.config['n_step']}"
-        ax.plot(frame["env_step"], frame[TEST_RETURN], marker="o", label=label)
-    ax.set_xlabel("env steps")
-    ax.set_ylabel("greedy test return (5 episodes)")
-    ax.set_title("Tianshou GorilaDQN sweep (rl-dist-ext)")
-    ax.grid(alpha=0.3)
-    ax.legend(loc="lower right", fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
 
 
 if __name__ == "__main__":

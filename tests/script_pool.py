@@ -345,6 +345,29 @@ class _Submitted:
     env: dict
     deadline: Deadline
     future: Future[tuple[Run, list[Run]]]  # the last run, and the failed ones before it
+    fresh: Callable[[], None]  # puts the run's output folder back as it was at submission
+
+
+def _restorer(out_dir: Path | None) -> Callable[[], None]:
+    """A function that removes from ``out_dir`` what was not in it now: a retry starts from
+    the folder as its run was submitted (a failed try's half-written output gone, the files a
+    test put there before, such as a snippet's script, kept)."""
+    if out_dir is None:
+        return lambda: None
+    given = {path.name for path in out_dir.iterdir()} if out_dir.exists() else set()
+
+    def restore() -> None:
+        if not out_dir.exists():
+            return
+        for path in out_dir.iterdir():
+            if path.name in given:
+                continue
+            if path.is_dir() and not path.is_symlink():
+                shutil.rmtree(path, ignore_errors=True)
+            else:
+                path.unlink(missing_ok=True)
+
+    return restore
 
 
 class ScriptPool:
@@ -384,11 +407,18 @@ class ScriptPool:
         args = [str(a) for a in args]
         cwd = cwd or self.cwd
         deadline = Deadline(timeout)
-        future = self._executor.submit(self._in_background, key, args, cwd, env, deadline)
-        self._runs[key] = _Submitted(args, cwd, env, deadline, future)
+        fresh = _restorer(out_dir)
+        future = self._executor.submit(self._in_background, key, args, cwd, env, deadline, fresh)
+        self._runs[key] = _Submitted(args, cwd, env, deadline, future, fresh)
 
     def _in_background(
-        self, key: str, args: list[str], cwd: Path, env: dict, deadline: Deadline
+        self,
+        key: str,
+        args: list[str],
+        cwd: Path,
+        env: dict,
+        deadline: Deadline,
+        fresh: Callable[[], None],
     ) -> tuple[Run, list[Run]]:
         """Runs ``args``; a run that fails before its test waits for it (starved by a busy
         stretch of the session, say) runs again at once, still in the background, up to
@@ -399,6 +429,7 @@ class ScriptPool:
             if run.returncode == 0 or deadline.started:
                 break
             failed.append(run)
+            fresh()
             run = self._run(key, args, cwd, env, deadline)
         return run, failed
 
@@ -412,6 +443,7 @@ class ScriptPool:
             _warn_failed(run, "running it again in the foreground")
             deadline = Deadline(submitted.deadline.seconds)
             deadline.start()
+            submitted.fresh()
             run = self._run(key, submitted.args, submitted.cwd, submitted.env, deadline)
         assert run.returncode == 0, f"{' '.join(run.args)} failed:\n{run.stdout}\n{run.stderr}"
         return run.output

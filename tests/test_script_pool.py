@@ -95,3 +95,29 @@ def test_a_run_that_fails_twice_fails_its_test_with_its_output(pool, tmp_path):
     pool.submit("broken", [script(tmp_path, "broken.py", "raise SystemExit('always broken')\n")])
     with pytest.warns(UserWarning), pytest.raises(AssertionError, match="always broken"):
         pool.output("broken")
+
+
+def test_a_retry_starts_from_the_output_folder_as_it_was_submitted(pool, tmp_path):
+    """A failed try leaves what it wrote in the run's output folder (a timed-out experiment's
+    folder, say); the next try must not find it there, or the test checks two runs' output
+    (it did: a hl example rerun left two experiment folders). Files that were there when the
+    run was submitted (a snippet's own script) stay."""
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "given.txt").write_text("kept")
+    marker = tmp_path / "failed-once"
+    code = (
+        "import pathlib, sys, uuid\n"
+        f"out, marker = pathlib.Path({str(out)!r}), pathlib.Path({str(marker)!r})\n"
+        "(out / f'run-{uuid.uuid4().hex}').mkdir()\n"
+        "if not marker.exists():\n"
+        "    marker.touch()\n"
+        "    sys.exit('starved')\n"
+        "print('second try')\n"
+    )
+    pool.submit("leftovers", [script(tmp_path, "leftovers.py", code)], out_dir=out)
+    with pytest.warns(UserWarning, match="failed in the background"):
+        assert "second try" in pool.output("leftovers")
+    runs = sorted(path.name for path in out.iterdir() if path.name.startswith("run-"))
+    assert len(runs) == 1, runs
+    assert (out / "given.txt").read_text() == "kept"

@@ -1,0 +1,185 @@
+"""A Tune sweep of Tianshou VTrace (IMPALA) on CartPole-v1: a function trainable around
+Tianshou's on-policy trainer.
+
+Each trial is ``train_vtrace(config)``: it builds the algorithm (the same actor and critic as
+``examples/tianshou_vtrace_cartpole.py``) and a ``VTraceCollector`` (its Ray actors step 8
+envs each with a local copy of the policy and hand trajectories to the learner in the trial's
+process) and calls ``algorithm.run_training(...)``. A ``TuneReporter`` logger reports every
+epoch to Tune after the epoch's greedy test (5 episodes): the test return, the collector's
+throughput, policy lag and queue fields, the losses and the trainer's counters, with a
+checkpoint of the algorithm (weights, optimizer, counters; V-trace keeps no replay).
+``tianshou_plugins.tune.trial_resources`` declares the trial's whole footprint (the learner 0.5
+CPU, one actor 0.3 CPU: 0.8 CPU), and the actor runs inside the trial's placement group, so a
+2-core laptop runs 2 trials at once. A trial that fails restarts from its last checkpoint
+(``--max-failures``). At the end the script prints the best trial's config and test return and
+plots every trial's test curve to ``<--out>/learning_curve.png``.
+
+    python examples/tune_tianshou_vtrace.py [--lr 5e-4 1e-3] [--ent-coef 0.0 0.01]
+        [--max-env-steps 150000] [--storage-path ~/ray_results]
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+from pathlib import Path
+
+import ray
+from ray import tune
+from sweep_footprint import plot_test_curves, print_footprint
+
+from rl_dist_ext.ray_actors import check_resources_fit
+from tianshou_plugins.tune import trial_resources
+
+ENV = "CartPole-v1"
+TEST_RETURN = "test/returns_stat/mean"
+LEARNER_CPUS, ACTOR_CPUS = 0.5, 0.3
+
+parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+parser.add_argument("--lr", type=float, nargs="+", default=[5e-4, 1e-3])
+parser.add_argument("--ent-coef", type=float, nargs="+", default=[0.0, 0.01])
+parser.add_argument("--max-env-steps", type=int, default=150_000)
+parser.add_argument("--epoch-steps", type=int, default=10_000, help="env steps per report")
+parser.add_argument("--envs-per-actor", type=int, default=8)
+parser.add_argument("--max-failures", type=int, default=2, help="restarts of a failed trial")
+parser.add_argument("--seed", type=int, default=0)
+parser.add_argument("--storage-path", default=None, help="Tune's storage (default ~/ray_results)")
+parser.add_argument("--out", type=Path, default=Path("runs/tune_tianshou_vtrace"))
+
+
+def train_vtrace(config: dict) -> None:
+    """One trial: Tianshou VTrace with ``config``'s lr and entropy weight, reporting every
+    epoch."""
+    import gymnasium as gym
+    import torch
+    from tianshou.algorithm.modelfree.reinforce import ProbabilisticActorPolicy
+    from tianshou.algorithm.optim import AdamOptimizerFactory
+    from tianshou.data import Collector
+    from tianshou.env import DummyVectorEnv
+    from tianshou.trainer import OnPolicyTrainerParams
+    from tianshou.utils.net.common import Net
+    from tianshou.utils.net.discrete import DiscreteActor, DiscreteCritic
+
+    from tianshou_plugins import VTrace, VTraceCollector, categorical_from_logits
+    from tianshou_plugins.tune import TuneReporter
+
+    torch.set_num_threads(1)
+    torch.manual_seed(config["seed"])
+    env = gym.make(ENV)
+    obs_shape = env.observation_space.shape
+    policy = ProbabilisticActorPolicy(
+        actor=DiscreteActor(
+            preprocess_net=Net(state_shape=obs_shape, hidden_sizes=[64, 64]),
+            action_shape=env.action_space.n,
+            softmax_output=False,
+        ),
+        dist_fn=categorical_from_logits,
+        action_scaling=False,
+        action_bound_method=None,
+        action_space=env.action_space,
+        observation_space=env.observation_space,
+        deterministic_eval=True,  # greedy tests
+    )
+    env.close()
+    algorithm = VTrace(
+        policy=policy,
+        critic=DiscreteCritic(preprocess_net=Net(state_shape=obs_shape, hidden_sizes=[64, 64])),
+        optim=AdamOptimizerFactory(lr=config["lr"]),
+        vf_coef=0.5,
+        ent_coef=config["ent_coef"],
+        max_grad_norm=40.0,
+        gamma=0.99,
+    )
+
+    def save(folder: Path) -> None:
+        torch.save(algorithm.state_dict(), folder / "algorithm.pt")
+
+    def load(folder: Path) -> None:
+        algorithm.load_state_dict(torch.load(folder / "algorithm.pt", weights_only=False))
+
+    collector = test_collector = None
+    try:
+        collector = VTraceCollector(
+            algorithm,
+            env_factory=lambda: gym.make(ENV),
+            num_actors=1,
+            envs_per_actor=config["envs_per_actor"],
+            steps_per_env=32,
+            num_cpus_per_actor=ACTOR_CPUS,
+            seed=config["seed"],
+        )
+        test_envs = DummyVectorEnv([lambda: gym.make(ENV)] * 5)
+        test_envs.seed([10_000 + i for i in range(5)])
+        test_collector = Collector(policy, test_envs)
+        algorithm.run_training(
+            OnPolicyTrainerParams(
+                training_collector=collector,
+                test_collector=test_collector,
+                max_epochs=math.ceil(config["max_env_steps"] / config["epoch_steps"]),
+                epoch_num_steps=config["epoch_steps"],
+                collection_step_num_env_steps=512,
+                batch_size=512,  # one gradient step per collected batch
+                update_step_num_repetitions=1,
+                test_step_num_episodes=5,
+                logger=TuneReporter(save=save, load=load),
+                resume_from_log=True,  # a restarted trial goes on from its checkpoint
+                show_progress=False,
+            )
+        )
+    finally:
+        if test_collector is not None:
+            test_collector.close()
+        if collector is not None:
+            collector.close()
+
+
+def main(argv: list[str] | None = None):
+    args = parser.parse_args(argv)
+    if not ray.is_initialized():
+        ray.init()
+    resources = trial_resources(
+        num_actors=1, num_cpus_per_actor=ACTOR_CPUS, num_cpus_for_learner=LEARNER_CPUS
+    )
+    check_resources_fit(  # a trial larger than the cluster would wait forever
+        "a Tianshou VTrace trial",
+        {"CPU": sum(bundle.get("CPU", 0.0) for bundle in resources.bundles)},
+        how_to_lower=f"its placement group is {resources.bundles}",
+    )
+    print_footprint(resources.bundles, len(args.lr) * len(args.ent_coef))
+    tuner = tune.Tuner(
+        tune.with_resources(train_vtrace, resources),
+        param_space={
+            "lr": tune.grid_search(args.lr),
+            "ent_coef": tune.grid_search(args.ent_coef),
+            "max_env_steps": args.max_env_steps,
+            "epoch_steps": args.epoch_steps,
+            "envs_per_actor": args.envs_per_actor,
+            "seed": args.seed,
+        },
+        tune_config=tune.TuneConfig(metric=TEST_RETURN, mode="max"),
+        run_config=tune.RunConfig(
+            name="tune_tianshou_vtrace",
+            storage_path=args.storage_path,
+            checkpoint_config=tune.CheckpointConfig(num_to_keep=1),
+            failure_config=tune.FailureConfig(max_failures=args.max_failures),
+            verbose=1,
+        ),
+    )
+    results = tuner.fit()
+    best = results.get_best_result(scope="all")
+    swept = {"lr": best.config["lr"], "ent_coef": best.config["ent_coef"]}
+    print(f"best trial: test return {best.metrics_dataframe[TEST_RETURN].max():.1f} with {swept}")
+    args.out.mkdir(parents=True, exist_ok=True)
+    plot_test_curves(
+        results,
+        TEST_RETURN,
+        args.out / "learning_curve.png",
+        "Tianshou VTrace sweep (rl-dist-ext)",
+        lambda config: f"lr {config['lr']:g}, entropy {config['ent_coef']:g}",
+    )
+    print(f"learning curves: {args.out / 'learning_curve.png'}")
+    return results
+
+
+if __name__ == "__main__":
+    main()
