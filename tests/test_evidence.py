@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
-import evidence  # noqa: E402
+import evidence
 
 
 def naive_iqm(values):

@@ -1,0 +1,386 @@
+"""One harness for the races: a race is data, one runner runs it, one report reads it.
+
+A :class:`Race` names its envs, its target (a greedy return), its time cap and its arms; each
+:class:`Arm` is one algorithm in one configuration (the best found for this machine, with a
+note of how that was chosen) as a function ``run(env, seed, cap_s, target) -> dict`` that
+trains until its greedy evaluations reach ``target`` or ``cap_s`` seconds of training pass, and
+returns the run's curve, ``{"curve": [[training seconds, env steps, greedy return], ...]}``
+(training seconds exclude evaluation time).
+
+:func:`run_race` runs every (env, seed, arm) in a process of its own (``spawn``: a fresh
+interpreter, and a fresh ``ray.init(num_cpus=...)`` for arms that use Ray), the arms
+interleaved within each seed so that a slow stretch of the machine hits them alike, and keeps
+each finished run as ``<results>/<race>/<env>/<arm>/seed<k>.json``: a race stopped halfway goes
+on where it stopped when run again (finished runs are skipped), so a long race can span several
+sessions. :func:`summarize` reads them back (times to target, IQMs with intervals, each arm's
+ratio to the baseline and its probability of improvement: :mod:`evidence`), and
+:func:`write_report` writes the JSON, a markdown table and the plots.
+"""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+import os
+import platform
+import time
+import traceback
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import evidence
+import numpy as np
+
+#: a run's process gets this long beyond its cap (start-up, evaluations, shutdown) before it
+#: is killed and recorded as failed
+GRACE_S = 300.0
+
+
+@dataclass(frozen=True)
+class Arm:
+    """One algorithm in one configuration.
+
+    Args:
+        name: the arm's label in tables and plots (also its results folder).
+        run: ``run(env, seed, cap_s, target)``: train until ``target`` or ``cap_s`` training seconds
+            and return ``{"curve": [[training s, env steps, greedy return], ...]}`` (more keys
+            are kept as they are). A module-level function: it is pickled by reference into
+            the run's process.
+        note: how this configuration was chosen (which others were tried, which won).
+        uses_ray: start ``ray.init(num_cpus=ray_cpus)`` in the run's process first.
+    """
+
+    name: str
+    run: Callable[[str, int, float, float], dict]
+    note: str
+    uses_ray: bool = True
+
+
+@dataclass(frozen=True)
+class Race:
+    """What a race is: ``arms`` on each of ``envs``, ``seeds`` each, to ``target`` within
+    ``cap_s`` training seconds; ratios are against ``baseline`` (an arm's name)."""
+
+    name: str
+    title: str
+    envs: tuple[str, ...]
+    target: float
+    cap_s: float
+    arms: tuple[Arm, ...]
+    baseline: str
+    seeds: tuple[int, ...] = tuple(range(10))
+    metric: str = "greedy return (10 episodes)"
+    ray_cpus: int = 2
+    notes: tuple[str, ...] = field(default_factory=tuple)
+
+    def __post_init__(self) -> None:
+        names = [arm.name for arm in self.arms]
+        if len(set(names)) != len(names):
+            raise ValueError(f"race {self.name!r}: two arms share a name: {names}")
+        if self.baseline not in names:
+            raise ValueError(
+                f"race {self.name!r}: baseline {self.baseline!r} is not an arm {names}"
+            )
+        if not self.envs or not self.seeds:
+            raise ValueError(f"race {self.name!r}: envs and seeds must not be empty")
+        if not (self.cap_s > 0):
+            raise ValueError(f"race {self.name!r}: cap_s must be > 0, got {self.cap_s!r}")
+
+    def arm(self, name: str) -> Arm:
+        for arm in self.arms:
+            if arm.name == name:
+                return arm
+        raise ValueError(f"race {self.name!r} has no arm {name!r}: {[a.name for a in self.arms]}")
+
+
+def run_path(results: Path, race: Race, env: str, arm: str, seed: int) -> Path:
+    return results / race.name / env.replace("/", "_") / arm / f"seed{seed}.json"
+
+
+def _child(
+    arm: Arm, env: str, seed: int, cap_s: float, target: float, ray_cpus: int, out: str
+) -> None:
+    """The run's process: (Ray,) the arm, and its record written next to ``out``."""
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    record: dict[str, Any]
+    try:
+        if arm.uses_ray:
+            import ray
+
+            # address="local": a Ray of its own even where another runs on this machine
+            ray.init(
+                address="local", num_cpus=ray_cpus, include_dashboard=False, log_to_driver=False
+            )
+        started = time.perf_counter()
+        record = dict(arm.run(env, seed, cap_s, target))
+        record["wall_seconds"] = round(time.perf_counter() - started, 2)
+        if "curve" not in record:
+            raise ValueError(f"arm {arm.name!r} returned no 'curve': {sorted(record)}")
+    except BaseException:  # recorded, so that the runner reports it and the race goes on
+        record = {"error": traceback.format_exc()}
+    finally:
+        if arm.uses_ray:
+            import ray
+
+            ray.shutdown()
+    Path(out).write_text(json.dumps(record))
+
+
+def run_one(race: Race, arm: Arm, env: str, seed: int, cap_s: float, path: Path) -> dict:
+    """One run in a fresh process; its record is saved at ``path`` only when it succeeded
+    (a failed or killed run is tried again the next time the race runs)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    scratch = path.with_suffix(".running")
+    scratch.unlink(missing_ok=True)
+    process = multiprocessing.get_context("spawn").Process(
+        target=_child,
+        args=(arm, env, seed, cap_s, race.target, race.ray_cpus, str(scratch)),
+        daemon=False,
+    )
+    process.start()
+    process.join(cap_s + GRACE_S)
+    if process.is_alive():
+        process.kill()
+        process.join()
+        return {"error": f"killed after {cap_s + GRACE_S:.0f} s"}
+    if not scratch.exists():
+        return {"error": f"the run's process exited with {process.exitcode} and wrote nothing"}
+    record = json.loads(scratch.read_text())
+    scratch.unlink()
+    if "error" in record:
+        return record
+    record.update(race=race.name, env=env, arm=arm.name, seed=seed, cap_s=cap_s)
+    record["machine"] = {"cpus": os.cpu_count(), "platform": platform.platform()}
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(record))
+    tmp.replace(path)  # a finished run appears whole or not at all
+    return record
+
+
+def run_race(
+    race: Race,
+    results: Path,
+    *,
+    seeds: Sequence[int] | None = None,
+    envs: Sequence[str] | None = None,
+    arms: Sequence[str] | None = None,
+    cap_s: float | None = None,
+    log: Callable[[str], None] = print,
+) -> list[dict]:
+    """Every (env, seed, arm) not finished yet under ``results``; the arms interleaved within
+    a seed. Returns the records of the runs it ran (failed ones with an ``error``)."""
+    seeds = list(race.seeds if seeds is None else seeds)
+    envs = list(race.envs if envs is None else envs)
+    chosen = [race.arm(name) for name in (arms or [a.name for a in race.arms])]
+    cap = race.cap_s if cap_s is None else cap_s
+    done = []
+    for env in envs:
+        for seed in seeds:
+            for arm in chosen:
+                path = run_path(results, race, env, arm.name, seed)
+                if path.exists():
+                    continue
+                started = time.perf_counter()
+                record = run_one(race, arm, env, seed, cap, path)
+                took = time.perf_counter() - started
+                if "error" in record:
+                    log(f"{race.name} {env} {arm.name} seed {seed}: FAILED after {took:.0f} s")
+                    log(record["error"])
+                else:
+                    reached = evidence.time_to_target(_curve(record), race.target, cap)
+                    log(
+                        f"{race.name} {env} {arm.name} seed {seed}: "
+                        f"{_fmt_time(*reached)} ({took:.0f} s wall)"
+                    )
+                done.append(record)
+    return done
+
+
+def _curve(record: dict) -> list[tuple[float, float]]:
+    return [(float(point[0]), float(point[2])) for point in record["curve"]]
+
+
+def _seconds(value: float) -> str:
+    """Seconds to 3 significant digits (whole seconds from 100 s)."""
+    return f"{value:.0f}" if value >= 100 else f"{value:.3g}"
+
+
+def _fmt_time(seconds: float, reached: bool) -> str:
+    return f"{_seconds(seconds)} s" if reached else f"not reached ({_seconds(seconds)} s cap)"
+
+
+def load_runs(race: Race, results: Path) -> dict[str, dict[str, list[dict]]]:
+    """env -> arm -> the finished runs' records (by seed)."""
+    runs: dict[str, dict[str, list[dict]]] = {}
+    for env in race.envs:
+        runs[env] = {}
+        for arm in race.arms:
+            folder = run_path(results, race, env, arm.name, 0).parent
+            paths = sorted(folder.glob("seed*.json"), key=lambda p: int(p.stem[4:]))
+            runs[env][arm.name] = [json.loads(p.read_text()) for p in paths]
+    return runs
+
+
+def summarize(race: Race, results: Path) -> dict:
+    """Per env: each arm's times to target (training seconds; unreached runs at the cap), their
+    IQM with its 95 % interval, the runs that reached; each arm's ratio IQM(arm)/IQM(baseline)
+    with its interval, whether "faster" holds (the interval's upper end below 1) and the
+    probability that a run of the arm reaches the target sooner than one of the baseline."""
+    summary: dict[str, Any] = {}
+    for env, by_arm in load_runs(race, results).items():
+        arms: dict[str, Any] = {}
+        times: dict[str, list[float]] = {}
+        for name, records in by_arm.items():
+            if not records:
+                continue
+            cap = min(float(r["cap_s"]) for r in records)
+            outcomes = [evidence.time_to_target(_curve(r), race.target, cap) for r in records]
+            times[name] = [t for t, _ in outcomes]
+            estimate = evidence.iqm_interval(times[name])
+            arms[name] = {
+                "runs": len(records),
+                "reached": sum(hit for _, hit in outcomes),
+                "cap_s": cap,
+                "times_s": [round(t, 2) for t in times[name]],
+                "iqm_s": estimate.value,
+                "iqm_interval_s": [estimate.low, estimate.high],
+            }
+        for name in arms:
+            if name == race.baseline or race.baseline not in times:
+                continue
+            ratio = evidence.ratio_interval(times[name], times[race.baseline])
+            arms[name]["ratio_to_baseline"] = ratio.value
+            arms[name]["ratio_interval"] = [ratio.low, ratio.high]
+            arms[name]["faster"] = ratio.high < 1.0
+            arms[name]["probability_of_improvement"] = evidence.probability_of_improvement(
+                times[name], times[race.baseline]
+            )
+        summary[env] = arms
+    return summary
+
+
+def markdown(race: Race, summary: dict) -> str:
+    lines = [
+        f"# {race.title}",
+        "",
+        f"Training seconds to a {race.metric} of at least {race.target:g} (evaluation time not "
+        "counted); a run that never got there counts at its cap, so an arm with unreached "
+        "runs is slower than its IQM says. IQM: the mean of the middle half of the runs, with "
+        f"its 95 % bootstrap interval. Ratio: IQM(arm) / IQM({race.baseline}), its 95 % "
+        'interval from resampling each arm on its own; "faster" only where the interval\'s '
+        "upper end is below 1. P(better): the chance a run of the arm reaches the target "
+        f"sooner than one of {race.baseline} (ties count half).",
+        "",
+    ]
+    for env, arms in summary.items():
+        lines += [
+            f"## {env}",
+            "",
+            "| arm | runs reached | IQM s [95 % interval] | ratio [95 % interval] | faster | "
+            "P(better) |",
+            "|---|---|---|---|---|---|",
+        ]
+        for name, arm in arms.items():
+            low, high = arm["iqm_interval_s"]
+            if "ratio_to_baseline" in arm:
+                r_low, r_high = arm["ratio_interval"]
+                ratio = f"{arm['ratio_to_baseline']:.2f} [{r_low:.2f}, {r_high:.2f}]"
+                faster = "yes" if arm["faster"] else "not shown"
+                better = f"{arm['probability_of_improvement']:.2f}"
+            else:
+                ratio, faster, better = "baseline", "", ""
+            lines.append(
+                f"| {name} | {arm['reached']}/{arm['runs']} | {_seconds(arm['iqm_s'])} "
+                f"[{_seconds(low)}, {_seconds(high)}] | {ratio} | {faster} | {better} |"
+            )
+        lines.append("")
+    lines += ["## Arms", ""]
+    lines += [f"- **{arm.name}**: {arm.note}" for arm in race.arms]
+    lines += [f"- {note}" for note in race.notes]
+    return "\n".join(lines) + "\n"
+
+
+def _iqm_band(grid: np.ndarray, curves: list[list[tuple[float, float]]]):
+    """The IQM over runs of each run's last value at or before each grid point, with its
+    95 % interval (a run holds its last value to the end of the grid)."""
+    values = np.empty((len(curves), grid.size))
+    for i, curve in enumerate(curves):
+        xs = np.asarray([x for x, _ in curve] or [0.0])
+        ys = np.asarray([y for _, y in curve] or [np.nan])
+        index = np.searchsorted(xs, grid, side="right") - 1
+        values[i] = np.where(index >= 0, ys[np.clip(index, 0, None)], np.nan)
+    mid, low, high = (np.full(grid.size, np.nan) for _ in range(3))
+    for j in range(grid.size):
+        column = values[:, j][np.isfinite(values[:, j])]
+        if column.size:
+            estimate = evidence.iqm_interval(column, reps=500)
+            mid[j], low[j], high[j] = estimate.value, estimate.low, estimate.high
+    return mid, low, high
+
+
+def plot(race: Race, results: Path, summary: dict, path: Path) -> None:
+    """Per env: greedy return against training seconds and against env steps (IQM over seeds
+    with its interval as a band), and the share of runs not yet at the target against training
+    seconds (the survival curve; it ends above 0 where runs never got there)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    runs = load_runs(race, results)
+    fig, axes = plt.subplots(len(runs), 3, figsize=(14, 3.6 * len(runs)), squeeze=False)
+    for row, (env, by_arm) in enumerate(runs.items()):
+        for name, records in by_arm.items():
+            if not records:
+                continue
+            for col, x in ((0, 0), (1, 1)):
+                curves = [[(p[x], p[2]) for p in r["curve"]] for r in records]
+                end = max((c[-1][0] for c in curves if c), default=1.0)
+                grid = np.linspace(0.0, end, 60)
+                mid, low, high = _iqm_band(grid, curves)
+                (line,) = axes[row][col].plot(grid, mid, label=name)
+                axes[row][col].fill_between(grid, low, high, alpha=0.2, color=line.get_color())
+            arm = summary[env][name]
+            hits = [
+                evidence.time_to_target(_curve(r), race.target, arm["cap_s"])[1] for r in records
+            ]
+            t, share = evidence.survival_curve(arm["times_s"], hits, arm["cap_s"])
+            axes[row][2].step(t, share, where="post", label=f"{name} ({sum(hits)}/{len(hits)})")
+        axes[row][0].set_xlabel("training seconds")
+        axes[row][1].set_xlabel("env steps")
+        axes[row][2].set_xlabel("training seconds")
+        for col in (0, 1):
+            axes[row][col].axhline(race.target, color="grey", lw=0.8, ls="--")
+            axes[row][col].set_ylabel(race.metric)
+        axes[row][2].set_ylabel("share of runs not at the target")
+        axes[row][2].set_ylim(-0.02, 1.02)
+        for ax in axes[row]:
+            ax.set_title(env, fontsize=9)
+            ax.grid(alpha=0.3)
+            ax.legend(fontsize=7)
+    fig.suptitle(race.title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+
+
+def write_report(race: Race, results: Path) -> dict:
+    """``<results>/<race>.json`` (the summary and every run's record), ``<race>.md`` and
+    ``<race>.png``; returns the summary."""
+    summary = summarize(race, results)
+    report = {
+        "race": race.name,
+        "title": race.title,
+        "target": race.target,
+        "metric": race.metric,
+        "baseline": race.baseline,
+        "arms": {arm.name: arm.note for arm in race.arms},
+        "summary": summary,
+        "runs": load_runs(race, results),
+    }
+    (results / f"{race.name}.json").write_text(json.dumps(report, indent=1))
+    (results / f"{race.name}.md").write_text(markdown(race, summary))
+    plot(race, results, summary, results / f"{race.name}.png")
+    return summary

@@ -1,0 +1,175 @@
+"""The race harness (benchmarks/harness.py): each run in a fresh process, resumable, failures
+recorded without stopping the race, and a report whose figures come from the runs.
+
+The arms here are real but tiny: random search over linear CartPole policies (finds a policy
+with a greedy return of 500 within a second), and a random policy (never does)."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+import harness
+
+pytestmark = pytest.mark.subprocess  # every run is a process of its own
+
+
+def _episode(env, weights, seed: int) -> tuple[float, int]:
+    obs, _ = env.reset(seed=seed)
+    total, steps, done = 0.0, 0, False
+    while not done:
+        action = int(obs @ weights > 0) if weights is not None else env.action_space.sample()
+        obs, reward, terminated, truncated, _ = env.step(action)
+        total, steps, done = total + reward, steps + 1, terminated or truncated
+    return total, steps
+
+
+def _train(env_id: str, seed: int, cap_s: float, target: float, search: bool) -> dict:
+    """Random search (``search``) or a random policy, evaluated greedily after each try on 3
+    episodes (not counted as training time)."""
+    import gymnasium as gym
+
+    env = gym.make(env_id)
+    env.action_space.seed(seed)
+    rng = np.random.default_rng(seed)
+    best, best_weights = -1.0, None
+    trained, env_steps, curve = 0.0, 0, []
+    while trained < cap_s:
+        started = time.perf_counter()
+        weights = rng.normal(size=4) if search else None
+        score, steps = _episode(env, weights, seed=int(rng.integers(1 << 30)))
+        env_steps += steps
+        if score > best:
+            best, best_weights = score, weights
+        trained += time.perf_counter() - started
+        greedy = np.mean([_episode(env, best_weights, seed=10_000 + i)[0] for i in range(3)])
+        curve.append([round(trained, 4), env_steps, float(greedy)])
+        if greedy >= target:
+            break
+        time.sleep(0.01)  # a random policy's tries are fast: keep its curve short
+        trained += 0.01
+    return {"curve": curve, "best_try": best}
+
+
+def random_search(env: str, seed: int, cap_s: float, target: float) -> dict:
+    return _train(env, seed, cap_s, target, search=True)
+
+
+def random_policy(env: str, seed: int, cap_s: float, target: float) -> dict:
+    return _train(env, seed, cap_s, target, search=False)
+
+
+def broken(env: str, seed: int, cap_s: float, target: float) -> dict:
+    raise RuntimeError(f"broken arm on seed {seed}")
+
+
+def in_ray(env: str, seed: int, cap_s: float, target: float) -> dict:
+    import ray
+
+    cpus = ray.cluster_resources()["CPU"]
+    return {"curve": [[0.1, 1, float(target)]], "ray_cpus": cpus}
+
+
+def race(**changes) -> harness.Race:
+    fields = {
+        "name": "tiny_race",
+        "title": "random search vs a random policy (harness test)",
+        "envs": ("CartPole-v1",),
+        "target": 200.0,
+        "cap_s": 1.5,
+        "arms": (
+            harness.Arm("search", random_search, "random search over linear policies", False),
+            harness.Arm("random", random_policy, "uniform random actions", False),
+        ),
+        "baseline": "random",
+        "seeds": (0, 1, 2),
+    }
+    return harness.Race(**{**fields, **changes})
+
+
+def test_a_race_runs_each_seed_and_arm_once_resumes_and_reports(tmp_path):
+    lines: list[str] = []
+    the_race = race()
+    records = harness.run_race(the_race, tmp_path, log=lines.append)
+    assert [(r["arm"], r["seed"]) for r in records] == [
+        ("search", 0),
+        ("random", 0),
+        ("search", 1),
+        ("random", 1),
+        ("search", 2),
+        ("random", 2),
+    ]  # arms interleaved within a seed
+    assert all("error" not in r and r["curve"] for r in records), lines
+    assert any("not reached (1.5 s cap)" in line for line in lines), lines
+
+    saved = harness.run_path(tmp_path, the_race, "CartPole-v1", "search", 1)
+    stamp = saved.stat().st_mtime_ns
+    assert harness.run_race(the_race, tmp_path, log=lines.append) == []  # all finished: skipped
+    assert saved.stat().st_mtime_ns == stamp
+
+    summary = harness.write_report(the_race, tmp_path)["CartPole-v1"]
+    assert summary["search"]["reached"] == 3 and summary["random"]["reached"] == 0
+    assert summary["random"]["times_s"] == [1.5, 1.5, 1.5]  # unreached: at the cap
+    search_times = summary["search"]["times_s"]
+    # 3 runs: floor(3 / 4) = 0 cut off each end, so the IQM is their mean
+    assert summary["search"]["iqm_s"] == pytest.approx(np.mean(search_times), abs=0.01)
+    assert summary["search"]["ratio_interval"][1] < 1.0 and summary["search"]["faster"]
+    assert summary["search"]["probability_of_improvement"] == 1.0
+    table = (tmp_path / "tiny_race.md").read_text()
+    assert "| random | 0/3 |" in table and "| search | 3/3 |" in table and "| yes |" in table
+    report = json.loads((tmp_path / "tiny_race.json").read_text())
+    assert len(report["runs"]["CartPole-v1"]["search"]) == 3
+    assert (tmp_path / "tiny_race.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_a_failed_run_is_reported_and_tried_again_next_time(tmp_path):
+    the_race = race(
+        arms=(
+            harness.Arm("broken", broken, "raises", False),
+            harness.Arm("random", random_policy, "uniform random actions", False),
+        ),
+        seeds=(0,),
+        cap_s=0.2,
+    )
+    lines: list[str] = []
+    records = harness.run_race(the_race, tmp_path, log=lines.append)
+    assert "broken arm on seed 0" in records[0]["error"]
+    assert "error" not in records[1]  # the race went on
+    assert any("broken seed 0: FAILED" in line for line in lines)
+    assert not harness.run_path(tmp_path, the_race, "CartPole-v1", "broken", 0).exists()
+    again = harness.run_race(the_race, tmp_path, log=lines.append)
+    assert [r.get("arm", "broken") for r in again] == ["broken"]  # only the failed run
+
+
+def test_an_arm_that_uses_ray_gets_a_fresh_ray_of_the_races_size(tmp_path):
+    the_race = race(
+        arms=(harness.Arm("ray", in_ray, "checks its Ray", True),),
+        baseline="ray",
+        seeds=(0,),
+        ray_cpus=1,
+    )
+    (record,) = harness.run_race(the_race, tmp_path, log=lambda line: None)
+    assert record["ray_cpus"] == 1.0
+
+
+@pytest.mark.parametrize(
+    "changes, match",
+    [
+        ({"baseline": "dqn"}, "baseline 'dqn' is not an arm"),
+        (
+            {"arms": (harness.Arm("a", random_policy, ""), harness.Arm("a", broken, ""))},
+            "two arms share a name",
+        ),
+        ({"seeds": ()}, "must not be empty"),
+        ({"cap_s": 0}, "cap_s must be > 0"),
+    ],
+)
+def test_a_race_that_cannot_run_is_refused_when_defined(changes, match):
+    with pytest.raises(ValueError, match=match):
+        race(**changes)
