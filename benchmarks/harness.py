@@ -99,6 +99,26 @@ def run_path(results: Path, race: Race, env: str, arm: str, seed: int) -> Path:
     return results / race.name / env.replace("/", "_") / arm / f"seed{seed}.json"
 
 
+def arm_settings(arm: Arm) -> dict:
+    """The keyword arguments an arm's ``run`` carries (a ``functools.partial``'s), as JSON
+    writes them: kept with each run, so that runs of other settings are never mixed."""
+    return json.loads(json.dumps(getattr(arm.run, "keywords", {}), default=repr))
+
+
+def _pickle_benchmark_code_by_value() -> None:
+    """Ray's workers lack ``benchmarks/`` on their path: the functions an arm hands them (an env
+    factory, say) travel by value, as they would from a script's ``__main__``."""
+    import sys
+
+    import ray.cloudpickle
+
+    here = Path(__file__).resolve().parent
+    for name, module in list(sys.modules.items()):
+        path = getattr(module, "__file__", None)
+        if path and Path(path).resolve().parent == here and name != __name__:
+            ray.cloudpickle.register_pickle_by_value(module)
+
+
 def _child(
     arm: Arm, env: str, seed: int, cap_s: float, target: float, ray_cpus: int, out: str
 ) -> None:
@@ -113,6 +133,7 @@ def _child(
             ray.init(
                 address="local", num_cpus=ray_cpus, include_dashboard=False, log_to_driver=False
             )
+            _pickle_benchmark_code_by_value()
         started = time.perf_counter()
         record = dict(arm.run(env, seed, cap_s, target))
         record["wall_seconds"] = round(time.perf_counter() - started, 2)
@@ -152,6 +173,7 @@ def run_one(race: Race, arm: Arm, env: str, seed: int, cap_s: float, path: Path)
     if "error" in record:
         return record
     record.update(race=race.name, env=env, arm=arm.name, seed=seed, cap_s=cap_s)
+    record["arm_settings"] = arm_settings(arm)
     record["machine"] = {"cpus": os.cpu_count(), "platform": platform.platform()}
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps(record))
@@ -181,6 +203,7 @@ def run_race(
             for arm in chosen:
                 path = run_path(results, race, env, arm.name, seed)
                 if path.exists():
+                    _check_same_settings(arm, path)
                     continue
                 started = time.perf_counter()
                 record = run_one(race, arm, env, seed, cap, path)
@@ -196,6 +219,16 @@ def run_race(
                     )
                 done.append(record)
     return done
+
+
+def _check_same_settings(arm: Arm, path: Path) -> None:
+    kept = json.loads(path.read_text()).get("arm_settings", {})
+    if kept != arm_settings(arm):
+        raise ValueError(
+            f"{path} was run with other settings of arm {arm.name!r} ({kept}) than now "
+            f"({arm_settings(arm)}): give the race another results folder, or remove that "
+            "arm's runs to run them again"
+        )
 
 
 def _curve(record: dict) -> list[tuple[float, float]]:
@@ -297,7 +330,10 @@ def markdown(race: Race, summary: dict) -> str:
             )
         lines.append("")
     lines += ["## Arms", ""]
-    lines += [f"- **{arm.name}**: {arm.note}" for arm in race.arms]
+    for arm in race.arms:
+        settings = arm_settings(arm)
+        given = f" Settings: `{json.dumps(settings)}`." if settings else ""
+        lines.append(f"- **{arm.name}**: {arm.note}.{given}")
     lines += [f"- {note}" for note in race.notes]
     return "\n".join(lines) + "\n"
 

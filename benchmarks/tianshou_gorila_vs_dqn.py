@@ -1,28 +1,27 @@
-"""Wall-clock to a greedy return of 450 on CartPole: Tianshou GorilaDQN vs Tianshou's own DQN.
+"""Training seconds to a greedy return of 450 on CartPole: Tianshou GorilaDQN vs Tianshou's
+own DQN, a race on the harness (``benchmarks/harness.py``), and GorilaCollector's throughput.
 
 Both algorithms are trained by Tianshou's ``OffPolicyTrainer`` (``algorithm.run_training``) and
-tested the same way: 10 greedy episodes on plain CartPole-v1 every ``--epoch-steps`` env steps.
-The clock runs from the ``run_training`` call (test steps included) until a test averages
->= 450, or until ``--max-seconds`` (a ``training_fn`` stops the run at the next training step).
+tested the same way: 10 greedy episodes on plain CartPole-v1 every ``--epoch-steps`` env steps
+(the tests' time is not training time). A run ends at the first test that averages >= 450 or
+at ``--max-seconds`` of training.
 
-Cases:
-
-- CartPole-v1: GorilaDQN (``--actors`` Ray actors x ``--envs-per-actor`` envs, learner in this
-  process) vs DQN over 8 ``DummyVectorEnv`` envs (Tianshou's CartPole DQN settings: Net
-  [128, 128], lr 1e-3, n-step 3, target update every 320 steps, 20k-row replay, epsilon 0.1,
-  80 env steps per collect, 0.1 gradient steps per env step, batch 64). Target ratio <= 1.0.
+- CartPole-v1: GorilaDQN (Ray actors, learner in the run's process) vs DQN over 8
+  ``DummyVectorEnv`` envs with Tianshou's CartPole example settings (``DQN_NOTE``).
 - SlowCartPole-v1 (2 ms of latency per step, a stand-in for a slow simulator): GorilaDQN with
-  more actors of fewer envs (each actor steps its envs one after the other) vs the same DQN over
-  8 ``SubprocVectorEnv`` envs. Target ratio <= 0.3.
+  more actors of fewer envs vs the same DQN over 8 ``SubprocVectorEnv`` envs.
 - Collection throughput on SlowCartPole-v1 with 1, 2, 4, 8 actors (``GorilaCollector`` and its
-  replay, no learner): env steps/s and its ratio to N x the 1-actor rate. Target >= 0.8.
+  replay, no learner): env steps/s and its ratio to N x the 1-actor rate.
 
-Seeds run one after the other, GorilaDQN and DQN alternating. Each GorilaDQN run gets a fresh
-``ray.init(num_cpus=2)``; DQN does not use Ray and runs without it.
-
-Writes ``benchmarks/results/tianshou_gorila_vs_dqn.{json,md}``::
+Every run is a process of its own (GorilaDQN's with a fresh Ray of 2 CPUs), the two arms
+alternating within a seed; finished runs are kept under ``<--out>/races/`` and skipped when the
+script runs again, so the race goes on where it stopped. The report (IQM of the seconds with its
+95 % interval, the ratio's interval, probability of improvement, plots) is
+``<--out>/races/tianshou_gorila_vs_dqn.{json,md,png}``; the throughput table
+``<--out>/tianshou_gorila_throughput.{json,md}``::
 
     .venv/bin/python benchmarks/tianshou_gorila_vs_dqn.py [--seeds 0 1 2] [--max-seconds 300]
+    .venv/bin/python benchmarks/tianshou_gorila_vs_dqn.py --report-only
 """
 
 from __future__ import annotations
@@ -31,17 +30,18 @@ import argparse
 import json
 import os
 import platform
-import statistics
 import time
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
+from types import SimpleNamespace
 
 import gymnasium as gym
 import numpy as np
 import ray
 import torch
-from race import TARGET, median_or_none
-from race import fmt_seconds as fmt
+from harness import Arm, Race, markdown, run_race, write_report
+from race import TARGET
 from slow_env import slow_cartpole
 from tianshou.algorithm import DQN
 from tianshou.algorithm.modelfree.dqn import DiscreteQLearningPolicy
@@ -55,7 +55,7 @@ from tianshou_plugins import DistributedPrioritizedReplayBuffer, GorilaCollector
 
 RESULTS = Path(__file__).parent / "results"
 ENVS = ("CartPole-v1", "SlowCartPole-v1")
-TARGETS = {"CartPole-v1": 1.0, "SlowCartPole-v1": 0.3, "throughput_efficiency": 0.8}
+THROUGHPUT_TARGET = 0.8  # N actors collect at least 0.8 x N times what one does
 ACTOR_TIMEOUT_S = 300.0  # actor start-up (not timed) is slow on a busy 2-core machine
 
 
@@ -85,30 +85,86 @@ def make_policy(seed: int, eps_training: float = 0.0) -> DiscreteQLearningPolicy
     return policy
 
 
-def gorila_run(env: str, seed: int, args) -> dict:
-    actors, envs_per_actor = (
-        (args.slow_actors, args.slow_envs_per_actor)
-        if env == "SlowCartPole-v1"
-        else (args.actors, args.envs_per_actor)
-    )
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+#: GorilaDQN's settings in the race (the learner in the run's process, Ray with 2 CPUs): the
+#: adapter's CartPole settings, tuned on CartPole-v1 here (updates per env step 0.25 against
+#: 0.1 and 0.5, batch 128 against 64, 4 actors x 4 envs against 2 x 8 and 8 x 2; on the 2 ms
+#: CartPole 8 actors x 2 envs hide the latency best)
+GORILA_SETTINGS = {
+    "actors": 4,
+    "envs_per_actor": 4,
+    "slow_actors": 8,
+    "slow_envs_per_actor": 2,
+    "shards": 2,
+    "cpus_per_actor": 0.1,
+    "cpus_per_shard": 0.05,
+    "weight_sync_every": 400,
+    "collect_steps": 256,
+    "updates_per_step": 0.25,
+    "batch_size": 128,
+    "target_update": 250,
+    "lr": 1e-3,
+    "batches_per_request": 4,
+    "huber_delta": 1.0,
+}
+#: Tianshou's own CartPole DQN settings (``examples/discrete/discrete_dqn.py``) over 8 envs
+DQN_NOTE = (
+    "Tianshou DQN with Tianshou's CartPole example settings: Net [128, 128], lr 1e-3, n-step 3, "
+    "target update every 320 steps, 20k-row replay, epsilon 0.1, 80 env steps per collect, 0.1 "
+    "gradient steps per env step, batch 64; 8 DummyVectorEnv envs (SubprocVectorEnv on the 2 ms "
+    "CartPole, where the latency needs processes)"
+)
+GORILA_NOTE = (
+    "Tianshou GorilaDQN: 4 Ray actors x 4 envs on CartPole-v1, 8 x 2 on the 2 ms CartPole, 2 "
+    "replay shards, learner in the run's process (0.25 gradient steps of 128 rows per env "
+    "step, lr 1e-3, target every 250 updates, n-step 3, Huber 1), weights pulled every 400 "
+    "env steps; the layout and replay ratio were raced on CartPole-v1 here"
+)
+
+
+def gorila_arm(
+    env: str,
+    seed: int,
+    cap_s: float,
+    target: float,
+    *,
+    epoch_steps: int,
+    actors: int,
+    envs_per_actor: int,
+    slow_actors: int,
+    slow_envs_per_actor: int,
+    shards: int,
+    cpus_per_actor: float,
+    cpus_per_shard: float,
+    weight_sync_every: int,
+    collect_steps: int,
+    updates_per_step: float,
+    batch_size: int,
+    target_update: int,
+    lr: float,
+    batches_per_request: int,
+    huber_delta: float | None,
+) -> dict:
+    """One GorilaDQN run (the harness started Ray in this process)."""
+    torch.set_num_threads(1)
+    if env == "SlowCartPole-v1":
+        actors, envs_per_actor = slow_actors, slow_envs_per_actor
     collector = test = None
     buffer = DistributedPrioritizedReplayBuffer(
         50_000,
-        num_shards=args.shards,
-        num_cpus_per_shard=args.cpus_per_shard,
+        num_shards=shards,
+        num_cpus_per_shard=cpus_per_shard,
         min_size_to_sample=1_000,
-        batches_per_request=args.gorila_batches_per_request,
+        batches_per_request=batches_per_request,
         seed=seed,
     )
     try:
         algorithm = GorilaDQN(
             policy=make_policy(seed),
-            optim=AdamOptimizerFactory(lr=args.gorila_lr),
+            optim=AdamOptimizerFactory(lr=lr),
             gamma=0.99,
             n_step_return_horizon=3,
-            target_update_freq=args.gorila_target_update,
-            huber_loss_delta=args.gorila_huber_delta,
+            target_update_freq=target_update,
+            huber_loss_delta=huber_delta,
         )
         collector = GorilaCollector(
             algorithm,
@@ -116,21 +172,22 @@ def gorila_run(env: str, seed: int, args) -> dict:
             buffer=buffer,
             num_actors=actors,
             envs_per_actor=envs_per_actor,
-            weight_sync_every_n_steps=args.weight_sync_every,
-            num_cpus_per_actor=args.cpus_per_actor,
+            weight_sync_every_n_steps=weight_sync_every,
+            num_cpus_per_actor=cpus_per_actor,
             seed=seed,
             timeout_s=ACTOR_TIMEOUT_S,
         )
-        test = test_collector(algorithm.policy, seed)
+        clock = RunClock(cap_s, target)
+        test = test_collector(algorithm.policy, seed, clock)
         run = train_until_target(
             algorithm,
             collector,
             test,
-            RunClock(args.max_seconds),
-            args,
-            collection_step_num_env_steps=args.gorila_collect_steps,
-            update_step_num_gradient_steps_per_sample=args.gorila_updates_per_step,
-            batch_size=args.gorila_batch_size,
+            clock,
+            SimpleNamespace(epoch_steps=epoch_steps),
+            collection_step_num_env_steps=collect_steps,
+            update_step_num_gradient_steps_per_sample=updates_per_step,
+            batch_size=batch_size,
         )
         run["gradient_steps"] = algorithm.num_gradient_updates
         run["actors"] = f"{actors} x {envs_per_actor} envs"
@@ -141,10 +198,11 @@ def gorila_run(env: str, seed: int, args) -> dict:
         if collector is not None:
             collector.close()
         buffer.close()
-        ray.shutdown()
 
 
-def dqn_run(env: str, seed: int, args) -> dict:
+def dqn_arm(env: str, seed: int, cap_s: float, target: float, *, epoch_steps: int) -> dict:
+    """One run of Tianshou's DQN (no Ray)."""
+    torch.set_num_threads(1)
     policy = make_policy(seed, eps_training=0.1)
     algorithm = DQN(
         policy=policy,
@@ -157,14 +215,15 @@ def dqn_run(env: str, seed: int, args) -> dict:
     train_envs = vector_env([ENV_FACTORIES[env]] * 8)
     train_envs.seed([seed * 100 + i for i in range(8)])
     collector = Collector(policy, train_envs, VectorReplayBuffer(20_000, 8), exploration_noise=True)
-    test = test_collector(policy, seed)
+    clock = RunClock(cap_s, target)
+    test = test_collector(policy, seed, clock)
     try:
         run = train_until_target(
             algorithm,
             collector,
             test,
-            RunClock(args.max_seconds),
-            args,
+            clock,
+            SimpleNamespace(epoch_steps=epoch_steps),
             collection_step_num_env_steps=80,
             update_step_num_gradient_steps_per_sample=0.1,
             batch_size=64,
@@ -174,6 +233,34 @@ def dqn_run(env: str, seed: int, args) -> dict:
     finally:
         test.close()
         collector.close()
+
+
+def make_race(
+    *, epoch_steps: int = 5_000, cap_s: float = 300.0, envs=ENVS, **gorila_changes
+) -> Race:
+    """The race: GorilaDQN (``GORILA_SETTINGS`` with ``gorila_changes``) against Tianshou's DQN
+    on ``envs``, tested every ``epoch_steps`` env steps, ``cap_s`` training seconds at most."""
+    unknown = set(gorila_changes) - set(GORILA_SETTINGS)
+    if unknown:
+        raise ValueError(f"unknown GorilaDQN settings {sorted(unknown)}: {sorted(GORILA_SETTINGS)}")
+    gorila = {**GORILA_SETTINGS, **gorila_changes}
+    return Race(
+        name="tianshou_gorila_vs_dqn",
+        title="Tianshou GorilaDQN vs Tianshou DQN: training seconds to a greedy 450 on CartPole",
+        envs=tuple(envs),
+        target=TARGET,
+        cap_s=cap_s,
+        arms=(
+            Arm("GorilaDQN", partial(gorila_arm, epoch_steps=epoch_steps, **gorila), GORILA_NOTE),
+            Arm("DQN", partial(dqn_arm, epoch_steps=epoch_steps), DQN_NOTE, uses_ray=False),
+        ),
+        baseline="DQN",
+        notes=(
+            f"Greedy tests of 10 episodes on plain CartPole-v1 every {epoch_steps:,} env steps "
+            "(not counted as training time); SlowCartPole-v1 is CartPole-v1 with 2 ms of "
+            "latency per step, a stand-in for a slow simulator.",
+        ),
+    )
 
 
 def collection_throughput(actor_counts: list[int], args) -> list[dict]:
@@ -186,8 +273,8 @@ def collection_throughput(actor_counts: list[int], args) -> list[dict]:
         for num_actors in actor_counts:
             buffer = DistributedPrioritizedReplayBuffer(
                 50_000,
-                num_shards=args.shards,
-                num_cpus_per_shard=args.cpus_per_shard,
+                num_shards=GORILA_SETTINGS["shards"],
+                num_cpus_per_shard=GORILA_SETTINGS["cpus_per_shard"],
                 min_size_to_sample=256,
                 seed=0,
             )
@@ -196,7 +283,7 @@ def collection_throughput(actor_counts: list[int], args) -> list[dict]:
                 collector = GorilaCollector(
                     GorilaDQN(
                         policy=make_policy(0),
-                        optim=AdamOptimizerFactory(lr=args.gorila_lr),
+                        optim=AdamOptimizerFactory(lr=GORILA_SETTINGS["lr"]),
                         gamma=0.99,
                         n_step_return_horizon=3,
                     ),
@@ -204,7 +291,7 @@ def collection_throughput(actor_counts: list[int], args) -> list[dict]:
                     buffer=buffer,
                     num_actors=num_actors,
                     envs_per_actor=args.throughput_envs_per_actor,
-                    num_cpus_per_actor=args.cpus_per_actor,
+                    num_cpus_per_actor=GORILA_SETTINGS["cpus_per_actor"],
                     seed=0,
                     timeout_s=ACTOR_TIMEOUT_S,
                 )
@@ -242,165 +329,75 @@ def collection_throughput(actor_counts: list[int], args) -> list[dict]:
     return rows
 
 
-def summarise(runs: dict[str, dict[str, list[dict]]], max_seconds: float) -> dict:
-    summary = {}
-    for env, by_algo in runs.items():
-        gorila = median_or_none([r["seconds_to_target"] for r in by_algo["GorilaDQN"]])
-        dqn = median_or_none([r["seconds_to_target"] for r in by_algo["DQN"]])
-        if gorila is not None and dqn is not None:
-            ratio, bound = gorila / dqn, "="
-        elif gorila is not None:  # DQN's median is past the cap: the ratio is below this
-            ratio, bound = gorila / max_seconds, "<"
-        elif dqn is not None:  # GorilaDQN's median is past the cap: the ratio is above this
-            ratio, bound = max_seconds / dqn, ">"
-        else:
-            ratio, bound = None, "n/a"
-        summary[env] = {
-            "gorila_median_s": gorila,
-            "dqn_median_s": dqn,
-            "gorila_median_env_steps": statistics.median(
-                r["env_steps"] for r in by_algo["GorilaDQN"]
-            ),
-            "dqn_median_env_steps": statistics.median(r["env_steps"] for r in by_algo["DQN"]),
-            "ratio": ratio,
-            "ratio_bound": bound,
-            "target": TARGETS[env],
-        }
-    return summary
-
-
-def markdown(result: dict) -> str:
-    params, runs = result["params"], result["runs"]
-
+def throughput_markdown(rows: list[dict], params: dict) -> str:
     lines = [
-        "# Tianshou GorilaDQN vs Tianshou DQN: wall-clock to greedy return >= 450 (10 episodes)",
+        "# Tianshou GorilaDQN: collection throughput on the 2 ms CartPole",
         "",
-        f"Seeds {params['seeds']}, cap {params['max_seconds']:.0f} s per run, clock from "
-        f"`run_training` (test steps included), tests every {params['epoch_steps']:,} env steps, "
-        f"{result['machine']['cpus']} CPUs, one run ({result['date']} UTC). GorilaDQN: "
-        f"{params['actors']} actors x {params['envs_per_actor']} envs on CartPole-v1, "
-        f"{params['slow_actors']} x {params['slow_envs_per_actor']} on SlowCartPole-v1 "
-        f"(2 ms per env step), learner in the driver, Ray with 2 CPUs; DQN: 8 envs "
-        "(DummyVectorEnv; SubprocVectorEnv on SlowCartPole-v1).",
+        f"{params['throughput_envs_per_actor']} envs per actor, no learner, "
+        f"{params['throughput_seconds']:.0f} s after {params['throughput_warmup_seconds']:.0f} s "
+        "of warm-up; efficiency is the rate over N x the 1-actor rate (target >= "
+        f"{THROUGHPUT_TARGET}).",
         "",
-        f"GorilaDQN learner: {params['gorila_updates_per_step']} gradient steps per env step, "
-        f"batch {params['gorila_batch_size']}, lr {params['gorila_lr']}, target update every "
-        f"{params['gorila_target_update']} steps, Huber delta {params['gorila_huber_delta']}, "
-        f"{params.get('gorila_batches_per_request', 1)} batches per replay round trip "
-        "(priority updates sent as often).",
+        "| actors | env steps/s | efficiency |",
+        "|---:|---:|---:|",
     ]
-    if runs:
-        lines += [
-            "",
-            "| env | seed | GorilaDQN | env steps | Tianshou DQN | env steps |",
-            "|---|---:|---:|---:|---:|---:|",
-        ]
-        for env, by_algo in runs.items():
-            for g, d in zip(by_algo["GorilaDQN"], by_algo["DQN"], strict=True):
-                lines.append(
-                    f"| {env} | {g['seed']} | {fmt(g['seconds_to_target'])} | "
-                    f"{g['env_steps']:,} | {fmt(d['seconds_to_target'])} | {d['env_steps']:,} |"
-                )
-        lines += [
-            "",
-            "| env | GorilaDQN median | Tianshou DQN median | ratio | target |",
-            "|---|---:|---:|---:|---:|",
-        ]
-        for env, s in result["summary"].items():
-            ratio = "n/a" if s["ratio"] is None else f"{s['ratio_bound']} {s['ratio']:.2f}"
-            lines.append(
-                f"| {env} | {fmt(s['gorila_median_s'])} | {fmt(s['dqn_median_s'])} | {ratio} | "
-                f"<= {s['target']} |"
-            )
-        lines += [
-            "",
-            "A median counts runs that never reached 450 as infinitely slow; when one median is "
-            "'not reached', the ratio is bounded through the cap.",
-        ]
-    if result["throughput"]:
-        lines += [
-            "",
-            f"Collection throughput on SlowCartPole-v1 ({params['throughput_envs_per_actor']} "
-            f"envs per actor, no learner, {params['throughput_seconds']:.0f} s after "
-            f"{params['throughput_warmup_seconds']:.0f} s of warm-up); efficiency is the rate "
-            f"over N x the 1-actor rate (target >= {TARGETS['throughput_efficiency']}).",
-            "",
-            "| actors | env steps/s | efficiency |",
-            "|---:|---:|---:|",
-        ]
-        for row in result["throughput"]:
-            eff = "n/a" if row["efficiency"] is None else f"{row['efficiency']:.2f}"
-            lines.append(f"| {row['num_actors']} | {row['env_steps_per_s']:,.0f} | {eff} |")
+    for row in rows:
+        eff = "n/a" if row["efficiency"] is None else f"{row['efficiency']:.2f}"
+        lines.append(f"| {row['num_actors']} | {row['env_steps_per_s']:,.0f} | {eff} |")
     return "\n".join(lines) + "\n"
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    parser.add_argument("--seeds", type=int, nargs="+", default=None, help="default: 0-9")
     parser.add_argument("--envs", nargs="*", choices=ENVS, default=list(ENVS))
-    parser.add_argument("--max-seconds", type=float, default=300.0)
+    parser.add_argument("--max-seconds", type=float, default=300.0, help="cap, training s")
     parser.add_argument("--epoch-steps", type=int, default=5_000, help="env steps per test")
-    gorila = parser.add_argument_group("GorilaDQN")
-    gorila.add_argument("--actors", type=int, default=4, help="CartPole-v1")
-    gorila.add_argument("--envs-per-actor", type=int, default=4, help="CartPole-v1")
-    gorila.add_argument("--slow-actors", type=int, default=8, help="SlowCartPole-v1")
-    gorila.add_argument("--slow-envs-per-actor", type=int, default=2, help="SlowCartPole-v1")
-    gorila.add_argument("--shards", type=int, default=2)
-    gorila.add_argument("--cpus-per-actor", type=float, default=0.1, help="Ray CPUs reserved")
-    gorila.add_argument("--cpus-per-shard", type=float, default=0.05, help="Ray CPUs reserved")
-    gorila.add_argument("--weight-sync-every", type=int, default=400, help="actor env steps")
-    gorila.add_argument("--gorila-collect-steps", type=int, default=256)
-    gorila.add_argument("--gorila-updates-per-step", type=float, default=0.25)
-    gorila.add_argument("--gorila-batch-size", type=int, default=128)
-    gorila.add_argument("--gorila-target-update", type=int, default=250)
-    gorila.add_argument("--gorila-lr", type=float, default=1e-3)
-    gorila.add_argument(
-        "--gorila-batches-per-request",
-        type=int,
-        default=4,
-        help="learner batches per replay round trip (priority updates sent as often)",
+    parser.add_argument(
+        "--gorila",
+        nargs="*",
+        default=[],
+        metavar="KEY=VALUE",
+        help=f"GorilaDQN settings other than the race's ({', '.join(GORILA_SETTINGS)})",
     )
-    gorila.add_argument(
-        "--gorila-huber-delta",
-        type=lambda v: None if v.lower() == "none" else float(v),
-        default=1.0,
-        help="Huber delta; 'none' for the squared loss",
-    )
+    parser.add_argument("--report-only", action="store_true", help="write the report, run none")
     throughput = parser.add_argument_group("collection throughput")
     throughput.add_argument("--throughput-actors", type=int, nargs="*", default=[1, 2, 4, 8])
     throughput.add_argument("--throughput-envs-per-actor", type=int, default=2)
     throughput.add_argument("--throughput-seconds", type=float, default=15.0)
     throughput.add_argument("--throughput-warmup-seconds", type=float, default=3.0)
     parser.add_argument("--out", type=Path, default=RESULTS)
-    args = parser.parse_args()
-    torch.set_num_threads(1)
+    args = parser.parse_args(argv)
+    changes = {}
+    for item in args.gorila:
+        key, _, value = item.partition("=")
+        if key not in GORILA_SETTINGS or not value:
+            parser.error(
+                f"--gorila {item!r}: give KEY=VALUE with KEY one of {list(GORILA_SETTINGS)}"
+            )
+        kind = type(GORILA_SETTINGS[key])
+        changes[key] = None if value.lower() == "none" else kind(value)
+    race = make_race(
+        epoch_steps=args.epoch_steps, cap_s=args.max_seconds, envs=args.envs, **changes
+    )
+    results = args.out / "races"
+    if not args.report_only:
+        run_race(race, results, seeds=args.seeds)
+    print(markdown(race, write_report(race, results)))
 
-    runs: dict[str, dict[str, list[dict]]] = {}
-    for env in args.envs:
-        runs[env] = {"GorilaDQN": [], "DQN": []}
-        for seed in args.seeds:
-            for algo_name, run_fn in (("GorilaDQN", gorila_run), ("DQN", dqn_run)):
-                run = run_fn(env, seed, args)
-                run["seed"] = seed
-                runs[env][algo_name].append(run)
-                print(f"{env:16s} {algo_name:9s} seed {seed}: {run}", flush=True)
-    throughput_rows = collection_throughput(args.throughput_actors, args)
-
-    result = {
-        "benchmark": "tianshou_gorila_vs_dqn",
-        "date": time.strftime("%Y-%m-%d %H:%M:%S"),
-        "machine": {"cpus": os.cpu_count(), "platform": platform.platform()},
-        "params": vars(args) | {"out": str(args.out), "target_return": TARGET},
-        "runs": runs,
-        "summary": summarise(runs, args.max_seconds),
-        "throughput": throughput_rows,
-        "targets": TARGETS,
-    }
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "tianshou_gorila_vs_dqn.json").write_text(json.dumps(result, indent=2) + "\n")
-    text = markdown(result)
-    (args.out / "tianshou_gorila_vs_dqn.md").write_text(text)
-    print(text)
+    if args.throughput_actors and not args.report_only:
+        rows = collection_throughput(args.throughput_actors, args)
+        params = vars(args) | {"out": str(args.out)}
+        report = {
+            "benchmark": "tianshou_gorila_throughput",
+            "date": time.strftime("%Y-%m-%d %H:%M:%S"),
+            "machine": {"cpus": os.cpu_count(), "platform": platform.platform()},
+            "params": params,
+            "throughput": rows,
+        }
+        args.out.mkdir(parents=True, exist_ok=True)
+        (args.out / "tianshou_gorila_throughput.json").write_text(json.dumps(report, indent=2))
+        (args.out / "tianshou_gorila_throughput.md").write_text(throughput_markdown(rows, params))
 
 
 if __name__ == "__main__":

@@ -1,8 +1,9 @@
 """What the Tianshou races share: a clock in the trainer's callbacks, greedy tests, one run.
 
 A run is Tianshou's own ``algorithm.run_training`` (off- or on-policy trainer params), timed
-from the call (test steps included) until a test averages >= ``race.TARGET`` or until the cap
-(the ``training_fn`` stops the run at its next training step).
+in training seconds (from the call, the trainer's greedy tests not counted) until a test
+averages >= the target or until the cap (the ``training_fn`` stops the run at its next
+training step).
 """
 
 from __future__ import annotations
@@ -26,7 +27,9 @@ class _TimeCapReached(Exception):
 
 
 class RunClock:
-    """The trainer's callbacks that time one run: a cap, the env steps, the moment of the target."""
+    """The trainer's callbacks that time one run in training seconds (the greedy tests'
+    time, reported by :class:`RecordingCollector`, not counted): a cap, the env steps, the
+    moment of the target."""
 
     def __init__(self, max_seconds: float, target: float = TARGET) -> None:
         self.max_seconds = max_seconds
@@ -35,13 +38,16 @@ class RunClock:
         self.curve: list[list[float]] = []  # [seconds, env steps, test return] of every test
         self.seconds_to_target: float | None = None
         self.best_test_return: float | None = None
+        self.test_seconds = 0.0
         self._start = time.perf_counter()
 
     def start(self) -> None:
         self._start = time.perf_counter()
+        self.test_seconds = 0.0
 
     def elapsed(self) -> float:
-        return time.perf_counter() - self._start
+        """Training seconds since :meth:`start`: the wall time less the tests'."""
+        return time.perf_counter() - self._start - self.test_seconds
 
     def training_fn(self, epoch: int, env_step: int) -> None:
         self.env_steps = env_step
@@ -62,25 +68,32 @@ class RunClock:
 
 
 class RecordingCollector(Collector):
-    """Tianshou's ``Collector`` for the trainer's tests that adds each test's mean return to
-    the clock's curve."""
+    """Tianshou's ``Collector`` for the trainer's tests: adds each test's mean return to the
+    clock's curve and its time to the clock's test seconds (not training time)."""
 
     def __init__(self, policy: Policy, envs: Any, clock: RunClock) -> None:
         super().__init__(policy, envs)
         self.clock = clock
 
     def collect(self, *args: Any, **kwargs: Any) -> Any:
-        stats = super().collect(*args, **kwargs)
+        started = time.perf_counter()
+        try:
+            stats = super().collect(*args, **kwargs)
+        finally:
+            self.clock.test_seconds += time.perf_counter() - started
         if stats.returns_stat is not None:
             self.clock.record_test(float(stats.returns_stat.mean))
         return stats
 
 
-def test_collector(policy: Policy, seed: int) -> Collector:
-    """Greedy tests on plain CartPole-v1 (SlowCartPole has the same dynamics)."""
+def test_collector(policy: Policy, seed: int, clock: RunClock | None = None) -> Collector:
+    """Greedy tests on plain CartPole-v1 (SlowCartPole has the same dynamics); with ``clock``,
+    each test is recorded on its curve and not counted as training time."""
     envs = DummyVectorEnv([lambda: gym.make("CartPole-v1")] * TEST_EPISODES)
     envs.seed([50_000 + 100 * seed + i for i in range(TEST_EPISODES)])
-    return Collector(policy, envs)
+    if clock is None:
+        return Collector(policy, envs)
+    return RecordingCollector(policy, envs, clock)
 
 
 def train_until_target(

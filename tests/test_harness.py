@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import sys
 import time
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -173,3 +174,20 @@ def test_an_arm_that_uses_ray_gets_a_fresh_ray_of_the_races_size(tmp_path):
 def test_a_race_that_cannot_run_is_refused_when_defined(changes, match):
     with pytest.raises(ValueError, match=match):
         race(**changes)
+
+
+def test_runs_of_other_settings_are_not_mixed_into_a_race(tmp_path):
+    def one_arm(depth: int) -> harness.Race:
+        arm = harness.Arm("random", partial(random_policy_capped, depth=depth), "", False)
+        return race(arms=(arm,), baseline="random", seeds=(0,), cap_s=0.2)
+
+    harness.run_race(one_arm(1), tmp_path, log=lambda line: None)
+    (record,) = harness.load_runs(one_arm(1), tmp_path)["CartPole-v1"]["random"]
+    assert record["arm_settings"] == {"depth": 1}
+    assert harness.run_race(one_arm(1), tmp_path, log=lambda line: None) == []
+    with pytest.raises(ValueError, match="other settings of arm 'random'"):
+        harness.run_race(one_arm(2), tmp_path, log=lambda line: None)
+
+
+def random_policy_capped(env: str, seed: int, cap_s: float, target: float, depth: int) -> dict:
+    return _train(env, seed, cap_s, target, search=False)
