@@ -25,14 +25,11 @@ import math
 from pathlib import Path
 
 import ray
-from ray import tune
-from sweep_footprint import plot_test_curves, print_footprint
+from sweep_footprint import run_tianshou_sweep
 
-from rl_dist_ext.ray_actors import check_resources_fit
 from tianshou_plugins.tune import trial_resources
 
 ENV = "CartPole-v1"
-TEST_RETURN = "test/returns_stat/mean"
 LEARNER_CPUS, ACTOR_CPUS = 0.5, 0.3
 
 parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
@@ -140,45 +137,21 @@ def main(argv: list[str] | None = None):
     resources = trial_resources(
         num_actors=1, num_cpus_per_actor=ACTOR_CPUS, num_cpus_for_learner=LEARNER_CPUS
     )
-    check_resources_fit(  # a trial larger than the cluster would wait forever
-        "a Tianshou VTrace trial",
-        {"CPU": sum(bundle.get("CPU", 0.0) for bundle in resources.bundles)},
-        how_to_lower=f"its placement group is {resources.bundles}",
-    )
-    print_footprint(resources.bundles, len(args.lr) * len(args.ent_coef))
-    tuner = tune.Tuner(
-        tune.with_resources(train_vtrace, resources),
-        param_space={
-            "lr": tune.grid_search(args.lr),
-            "ent_coef": tune.grid_search(args.ent_coef),
+    return run_tianshou_sweep(
+        train_vtrace,
+        resources,
+        {"lr": args.lr, "ent_coef": args.ent_coef},
+        {
             "max_env_steps": args.max_env_steps,
             "epoch_steps": args.epoch_steps,
             "envs_per_actor": args.envs_per_actor,
             "seed": args.seed,
         },
-        tune_config=tune.TuneConfig(metric=TEST_RETURN, mode="max"),
-        run_config=tune.RunConfig(
-            name="tune_tianshou_vtrace",
-            storage_path=args.storage_path,
-            checkpoint_config=tune.CheckpointConfig(num_to_keep=1),
-            failure_config=tune.FailureConfig(max_failures=args.max_failures),
-            verbose=1,
-        ),
+        name="tune_tianshou_vtrace",
+        algorithm="VTrace",
+        args=args,
+        label=lambda config: f"lr {config['lr']:g}, entropy {config['ent_coef']:g}",
     )
-    results = tuner.fit()
-    best = results.get_best_result(scope="all")
-    swept = {"lr": best.config["lr"], "ent_coef": best.config["ent_coef"]}
-    print(f"best trial: test return {best.metrics_dataframe[TEST_RETURN].max():.1f} with {swept}")
-    args.out.mkdir(parents=True, exist_ok=True)
-    plot_test_curves(
-        results,
-        TEST_RETURN,
-        args.out / "learning_curve.png",
-        "Tianshou VTrace sweep (rl-dist-ext)",
-        lambda config: f"lr {config['lr']:g}, entropy {config['ent_coef']:g}",
-    )
-    print(f"learning curves: {args.out / 'learning_curve.png'}")
-    return results
 
 
 if __name__ == "__main__":
