@@ -36,6 +36,19 @@ import numpy as np
 #: a run's process gets this long beyond its cap (start-up, evaluations, shutdown) before it
 #: is killed and recorded as failed
 GRACE_S = 300.0
+#: iterations of the pace loop (about 0.3 s of pure Python on a normal day here)
+PACE_LOOP = 1_000_000
+
+
+def machine_pace_s() -> float:
+    """Seconds this machine takes for a fixed pure-Python loop, measured in a run's process
+    before it starts: kept with each run, so that runs made on a slower day can be told apart
+    (the arms of one seed run back to back, so their pace is alike)."""
+    started = time.perf_counter()
+    total = 0
+    for i in range(PACE_LOOP):
+        total += i
+    return round(time.perf_counter() - started, 4)
 
 
 @dataclass(frozen=True)
@@ -125,6 +138,7 @@ def _child(
     """The run's process: (Ray,) the arm, and its record written next to ``out``."""
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     record: dict[str, Any]
+    pace_s = machine_pace_s()
     try:
         if arm.uses_ray:
             import ray
@@ -137,6 +151,7 @@ def _child(
         started = time.perf_counter()
         record = dict(arm.run(env, seed, cap_s, target))
         record["wall_seconds"] = round(time.perf_counter() - started, 2)
+        record["machine_pace_s"] = pace_s
         if "curve" not in record:
             raise ValueError(f"arm {arm.name!r} returned no 'curve': {sorted(record)}")
     except BaseException:  # recorded, so that the runner reports it and the race goes on

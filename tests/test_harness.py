@@ -107,6 +107,7 @@ def test_a_race_runs_each_seed_and_arm_once_resumes_and_reports(tmp_path):
         ("random", 2),
     ]  # arms interleaved within a seed
     assert all("error" not in r and r["curve"] for r in records), lines
+    assert all(r["machine_pace_s"] > 0 for r in records)
     assert any("not reached (1.5 s cap)" in line for line in lines), lines
 
     saved = harness.run_path(tmp_path, the_race, "CartPole-v1", "search", 1)
