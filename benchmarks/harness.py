@@ -19,6 +19,7 @@ ratio to the baseline and its probability of improvement: :mod:`evidence`), and
 
 from __future__ import annotations
 
+import argparse
 import json
 import multiprocessing
 import os
@@ -33,6 +34,8 @@ from typing import Any
 import evidence
 import numpy as np
 
+#: where the committed reports live: ``<RESULTS>/races/<race>.{json,md,png}`` and the runs
+RESULTS = Path(__file__).parent / "results"
 #: a run's process gets this long beyond its cap (start-up, evaluations, shutdown) before it
 #: is killed and recorded as failed
 GRACE_S = 300.0
@@ -337,8 +340,10 @@ def markdown(race: Race, summary: dict) -> str:
                 ratio = f"{arm['ratio_to_baseline']:.2f} [{r_low:.2f}, {r_high:.2f}]"
                 faster = "yes" if arm["faster"] else "not shown"
                 better = f"{arm['probability_of_improvement']:.2f}"
-            else:
+            elif name == race.baseline:
                 ratio, faster, better = "baseline", "", ""
+            else:  # the baseline has no runs here
+                ratio, faster, better = "n/a", "", ""
             lines.append(
                 f"| {name} | {arm['reached']}/{arm['runs']} | {_seconds(arm['iqm_s'])} "
                 f"[{_seconds(low)}, {_seconds(high)}] | {ratio} | {faster} | {better} |"
@@ -434,4 +439,31 @@ def write_report(race: Race, results: Path) -> dict:
     (results / f"{race.name}.json").write_text(json.dumps(report, indent=1))
     (results / f"{race.name}.md").write_text(markdown(race, summary))
     plot(race, results, summary, results / f"{race.name}.png")
+    return summary
+
+
+def add_race_arguments(
+    parser: argparse.ArgumentParser, *, cap_s: float, envs: Sequence[str] | None = None
+) -> None:
+    """The options every race script takes: ``--seeds``, ``--envs`` (one of ``envs`` where
+    given), ``--arms``, ``--max-seconds`` (the cap, ``cap_s`` by default), ``--report-only``,
+    ``--out``."""
+    parser.add_argument("--seeds", type=int, nargs="+", default=None, help="default: the race's")
+    parser.add_argument("--arms", nargs="+", default=None, help="default: all the race's")
+    parser.add_argument("--envs", nargs="+", choices=envs, default=None, help="default: the race's")
+    parser.add_argument("--max-seconds", type=float, default=cap_s, help="cap, training s")
+    parser.add_argument("--report-only", action="store_true", help="write the report, run none")
+    parser.add_argument(
+        "--out", type=Path, default=RESULTS, help="runs and reports go to OUT/races"
+    )
+
+
+def run_and_report(race: Race, args: argparse.Namespace) -> dict:
+    """What a race script does with the options of :func:`add_race_arguments`: the runs not
+    finished yet (none with ``--report-only``), then the report, printed; returns the summary."""
+    results = args.out / "races"
+    if not args.report_only:
+        run_race(race, results, seeds=args.seeds, arms=args.arms)
+    summary = write_report(race, results)
+    print(markdown(race, summary))
     return summary

@@ -1,56 +1,56 @@
-"""Wall-clock to a win rate against a random player on PettingZoo tic-tac-toe: GorilaDQN vs each
-framework's own multi-agent DQN, side by side in one run.
+"""Training seconds to a win rate of 0.8 against a random player on PettingZoo tic-tac-toe:
+GorilaDQN vs each framework's own multi-agent DQN, races on the harness (``harness.py``).
 
 The learner plays against uniformly random legal moves; action masks are honoured by every arm
 (RLlib: rl-dist-ext's ``ActionMaskingDQNTorchRLModule`` for both algorithms, RLlib's default DQN
 module cannot read masked observations; Tianshou: its DQN policy reads ``obs.mask``).
 
-- ``gorila-rllib``: GorilaDQN, 2 env runners x 4 envs, 2 replay shards, learner in the driver,
-  seats alternating per episode (``AlternatingSeats``); n-step 1, gamma 0.9, lr 1e-3, batch 128,
-  target every 100 updates, 16 sampled rows per env step (the rate limiter).
-- ``dqn-rllib``: RLlib's DQN with ``MultiAgentPrioritizedEpisodeReplayBuffer``, the same module,
-  seats, n-step, gamma, lr, batch and target period (in env steps: 500), epsilon 1.0 -> 0.05
-  over 10k steps, sampling in the driver (``num_env_runners=0``; its fastest layout here, see
-  ARCHITECTURE.md) with ``--rllib-dqn-envs`` envs.
-- ``gorila-tianshou``: ``MultiAgentGorilaDQN`` from the second seat against Tianshou's
-  ``MARLRandomDiscreteMaskedOffPolicyAlgorithm`` (Tianshou's dispatcher has fixed seats), 2
-  actors x 4 envs, 0.25 gradient steps of 128 per env step, target every 100 steps.
-- ``dqn-tianshou``: Tianshou's ``MultiAgentOffPolicyAlgorithm`` with its DQN in the same seat
-  and settings (epsilon 0.1 while training), ``VectorReplayBuffer`` and ``DummyVectorEnv`` of
-  ``--tianshou-dqn-envs`` envs, Tianshou's ``OffPolicyTrainer``; ``dqn-tianshou-example``: the
-  same with the settings of Tianshou's own tic-tac-toe example (``TIANSHOU_SETTINGS``).
+Races (``--race``), each a framework's GorilaDQN against its own multi-agent DQN:
 
-Every ``--eval-every-s`` seconds of training the greedy learner plays 100 games against random
-(RLlib: both seats; Tianshou: the second seat); when that reaches ``--target``, 400 games
-decide. Evaluation time is not counted (asynchronous actors keep their queued rollouts going
-meanwhile). Writes ``benchmarks/results/<--name>.{json,md}``::
+- ``rllib``: the learner takes both seats in turn (``AlternatingSeats``; a random player wins
+  ~44 % over both seats).
+  ``GorilaDQN``: 2 env runners x 4 envs, 2 replay shards, learner in the driver; n-step 1,
+  gamma 0.9, lr 1e-3, batch 128, target every 100 updates, 16 sampled rows per env step (the
+  rate limiter). ``DQN``: RLlib's DQN with ``MultiAgentPrioritizedEpisodeReplayBuffer``, the
+  same module, seats, n-step, gamma, lr, batch and target period (in env steps: 500), epsilon
+  1.0 -> 0.05 over 10k steps, sampling in the driver with one env (its fastest layout here).
+- ``tianshou``: the learner plays the second seat (Tianshou's dispatcher has fixed seats; a
+  random player wins ~29 % from there) against Tianshou's
+  ``MARLRandomDiscreteMaskedOffPolicyAlgorithm``. ``GorilaDQN``: ``MultiAgentGorilaDQN``, 2
+  actors x 4 envs, 0.25 gradient steps of 128 per env step, target every 100 steps. ``DQN``:
+  Tianshou's ``MultiAgentOffPolicyAlgorithm`` with its DQN in the same seat and settings
+  (epsilon 0.1 while training) over 8 ``DummyVectorEnv`` envs, Tianshou's ``OffPolicyTrainer``;
+  ``DQN (example)``: the same with the settings of Tianshou's own tic-tac-toe example
+  (``TIANSHOU_SETTINGS``).
 
-    .venv/bin/python benchmarks/multi_agent_tictactoe.py [--seeds 0 1 2] [--max-seconds 300]
+Every ``--eval-every-s`` seconds of training the greedy learner plays 100 games against random;
+when that reaches the target (0.8), 400 games decide (and are the curve's point). Evaluation
+time is not counted (asynchronous actors keep their queued rollouts going meanwhile). Every run
+is a process of its own (with a fresh Ray where the arm uses it); finished runs are kept under
+``<--out>/races/`` and skipped when the script runs again. The report is
+``<--out>/races/<race>.{json,md,png}``::
+
+    .venv/bin/python benchmarks/multi_agent_tictactoe.py [--race rllib] [--seeds 0 1 2]
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
-import json
-import os
-import platform
 import time
 from collections.abc import Callable
-from pathlib import Path
+from functools import partial
 
 import gymnasium as gym
 import numpy as np
-import ray
 import torch
+from harness import Arm, Race, add_race_arguments, run_and_report
 from pettingzoo.classic import tictactoe_v3
-from race import fmt_seconds as fmt
-from race import median_or_none
 
 from rl_dist_ext.games import play_against_random
 
-RESULTS = Path(__file__).parent / "results"
-ALGOS = ("gorila-rllib", "dqn-rllib", "gorila-tianshou", "dqn-tianshou", "dqn-tianshou-example")
+ENV = "tictactoe_v3"
+TARGET_WIN_RATE = 0.8
 #: Tianshou's arms: network, DQN and trainer settings. ``dqn-tianshou-example`` is Tianshou's own
 #: tic-tac-toe example (``examples/pettingzoo/pettingzoo_tic_tac_toe.py``): 4 x 128 units, lr
 #: 1e-4, 3-step returns, target every 320 steps, 10 env steps per collect, 0.1 gradient steps of
@@ -78,7 +78,6 @@ TIANSHOU_SETTINGS = {
         "envs": 10,
     },
 }
-TARGET_RATIO = 0.5
 SEATS = ("player_1", "player_2")
 TIANSHOU_SEAT = "player_2"
 
@@ -88,16 +87,19 @@ class Reached(Exception):
 
 
 class RaceClock:
-    """Training seconds (evaluation excluded), evaluation every ``every_s`` of them."""
+    """Training seconds (evaluation excluded), evaluation every ``every_s`` of them; the curve
+    holds ``[training s, env steps, win rate]`` of each evaluation (the 400 games' where they
+    ran)."""
 
-    def __init__(self, args, evaluate: Callable[[int], float]) -> None:
-        self.args = args
+    def __init__(
+        self, cap_s: float, target: float, every_s: float, evaluate: Callable[[int], float]
+    ) -> None:
+        self.cap_s, self.target, self.every_s = cap_s, target, every_s
         self.evaluate = evaluate  # games -> win rate
         self.trained = 0.0
         self.last_eval = 0.0
         self.seconds_to_target: float | None = None
-        self.best = 0.0
-        self.checks: list[tuple[float, float]] = []
+        self.curve: list[list[float]] = []
         self._since = time.perf_counter()
 
     def resume(self) -> None:
@@ -106,41 +108,41 @@ class RaceClock:
     def pause(self) -> None:
         self.trained += time.perf_counter() - self._since
 
-    def check(self) -> bool:
+    def check(self, env_steps: int) -> bool:
         """(Clock paused.) Evaluate if due; ``True`` when the target is reached."""
-        if self.trained - self.last_eval < self.args.eval_every_s:
+        if self.trained - self.last_eval < self.every_s:
             return False
         self.last_eval = self.trained
-        screen = self.evaluate(100)
-        self.best = max(self.best, screen)
-        self.checks.append((round(self.trained, 1), screen))
-        if screen >= self.args.target and self.evaluate(400) >= self.args.target:
+        win_rate = self.evaluate(100)
+        if win_rate >= self.target:  # 400 games decide
+            win_rate = self.evaluate(400)
+        self.curve.append([round(self.trained, 2), int(env_steps), win_rate])
+        if win_rate >= self.target:
             self.seconds_to_target = self.trained
             return True
         return False
 
     def done(self) -> bool:
-        return self.seconds_to_target is not None or self.trained >= self.args.max_seconds
+        return self.seconds_to_target is not None or self.trained >= self.cap_s
 
     def result(self, env_steps: int) -> dict:
         return {
             "seconds_to_target": self.seconds_to_target,
-            "trained_seconds": round(self.trained, 1),
+            "trained_seconds": round(self.trained, 2),
             "env_steps": int(env_steps),
-            "best_screen_win_rate": self.best,
-            "checks": self.checks,
+            "curve": self.curve,
         }
 
 
 # ---- RLlib ------------------------------------------------------------------------------------
-def rllib_config(algo: str, seed: int, args):
+def rllib_config(algorithm: str, seed: int, dqn_envs: int = 1):
     from ray.rllib.algorithms.dqn import DQNConfig
     from ray.rllib.core.rl_module.rl_module import RLModuleSpec
 
     from rllib_plugins import ActionMaskingDQNTorchRLModule, GorilaDQNConfig
     from rllib_plugins.pettingzoo import against_random_opponent
 
-    if algo == "gorila-rllib":
+    if algorithm == "GorilaDQN":
         config = (
             GorilaDQNConfig()
             .env_runners(num_env_runners=2, num_envs_per_env_runner=4)
@@ -155,7 +157,7 @@ def rllib_config(algo: str, seed: int, args):
     else:
         config = (
             DQNConfig()
-            .env_runners(num_env_runners=0, num_envs_per_env_runner=args.rllib_dqn_envs)
+            .env_runners(num_env_runners=0, num_envs_per_env_runner=dqn_envs)
             .training(
                 replay_buffer_config={
                     "type": "MultiAgentPrioritizedEpisodeReplayBuffer",
@@ -180,19 +182,30 @@ def rllib_config(algo: str, seed: int, args):
     )
 
 
-def rllib_run(algo_name: str, seed: int, args) -> dict:
+def rllib_arm(
+    env: str,
+    seed: int,
+    cap_s: float,
+    target: float,
+    *,
+    algorithm: str,
+    eval_every_s: float,
+    dqn_envs: int = 1,
+) -> dict:
+    """One RLlib run (the harness started Ray in this process)."""
     from ray.tune.registry import register_env
 
     from rllib_plugins.pettingzoo import PettingZooCreator, greedy_act
 
+    torch.set_num_threads(1)
     register_env("tictactoe", PettingZooCreator(tictactoe_v3.env))
-    algo = rllib_config(algo_name, seed, args).build_algo()
+    algo = rllib_config(algorithm, seed, dqn_envs).build_algo()
 
     def evaluate(games: int) -> float:
         act = greedy_act(algo.get_module("learner"))
         return play_against_random(tictactoe_v3.env, act, games=games, seed=7 * seed).win_rate
 
-    clock = RaceClock(args, evaluate)
+    clock = RaceClock(cap_s, target, eval_every_s, evaluate)
     env_steps = 0
     try:
         while not clock.done():
@@ -200,7 +213,7 @@ def rllib_run(algo_name: str, seed: int, args) -> dict:
             result = algo.train()
             clock.pause()
             env_steps = result["env_runners"].get("num_env_steps_sampled_lifetime", 0)
-            if clock.check():
+            if clock.check(env_steps):
                 break
     finally:
         algo.stop()
@@ -208,7 +221,18 @@ def rllib_run(algo_name: str, seed: int, args) -> dict:
 
 
 # ---- Tianshou ---------------------------------------------------------------------------------
-def tianshou_run(algo_name: str, seed: int, args) -> dict:
+def tianshou_arm(
+    env: str,
+    seed: int,
+    cap_s: float,
+    target: float,
+    *,
+    algorithm: str,
+    eval_every_s: float,
+    settings: str = "same",
+    dqn_envs: int = 8,
+) -> dict:
+    """One Tianshou run (with Ray, started by the harness, for ``algorithm="GorilaDQN"``)."""
     from tianshou.algorithm import DQN
     from tianshou.algorithm.modelfree.dqn import DiscreteQLearningPolicy
     from tianshou.algorithm.multiagent.marl import MultiAgentOffPolicyAlgorithm
@@ -228,11 +252,12 @@ def tianshou_run(algo_name: str, seed: int, args) -> dict:
     )
     from tianshou_plugins.multi_agent import greedy_act
 
+    torch.set_num_threads(1)
     torch.manual_seed(seed)
     np.random.seed(seed)
     factory = PettingZooFactory(tictactoe_v3.env)
     env = factory()
-    arm = TIANSHOU_SETTINGS["example" if algo_name == "dqn-tianshou-example" else "same"]
+    arm = TIANSHOU_SETTINGS[settings]
     net = Net(state_shape=(3, 3, 2), action_shape=9, hidden_sizes=arm["hidden"])
     policy = DiscreteQLearningPolicy(
         model=net, action_space=gym.spaces.Discrete(9), eps_training=0.1, eps_inference=0.0
@@ -240,14 +265,15 @@ def tianshou_run(algo_name: str, seed: int, args) -> dict:
     settings = arm["dqn"]
     optim = AdamOptimizerFactory(lr=arm["lr"])
     random = MARLRandomDiscreteMaskedOffPolicyAlgorithm(action_space=env.action_space)
-    if algo_name == "gorila-tianshou":
+    gorila = algorithm == "GorilaDQN"
+    if gorila:
         learner = GorilaDQN(policy=policy, optim=optim, **settings)
-        algorithm = MultiAgentGorilaDQN(algorithms=[random, learner], env=env)
+        trained = MultiAgentGorilaDQN(algorithms=[random, learner], env=env)
         buffer = MultiAgentDistributedReplayBuffer(
             20_000, num_shards=2, min_size_to_sample=500, batches_per_request=4, seed=seed
         )
         collector = GorilaCollector(
-            algorithm,
+            trained,
             env_factory=factory,
             buffer=buffer,
             num_actors=2,
@@ -258,12 +284,12 @@ def tianshou_run(algo_name: str, seed: int, args) -> dict:
         )
     else:
         learner = DQN(policy=policy, optim=optim, **settings)
-        algorithm = MultiAgentOffPolicyAlgorithm(algorithms=[random, learner], env=env)
-        num_envs = arm.get("envs", args.tianshou_dqn_envs)
+        trained = MultiAgentOffPolicyAlgorithm(algorithms=[random, learner], env=env)
+        num_envs = arm.get("envs", dqn_envs)
         envs = DummyVectorEnv([factory] * num_envs)
         envs.seed([seed * 100 + i for i in range(num_envs)])
         buffer = VectorReplayBuffer(20_000, num_envs)
-        collector = Collector(algorithm.policy, envs, buffer, exploration_noise=True)
+        collector = Collector(trained.policy, envs, buffer, exploration_noise=True)
         collector.reset()
         collector.collect(n_step=500, random=True)
 
@@ -274,14 +300,14 @@ def tianshou_run(algo_name: str, seed: int, args) -> dict:
             factory.raw, act, games=games, seed=7 * seed, seats=[TIANSHOU_SEAT]
         ).win_rate
 
-    clock = RaceClock(args, evaluate)
+    clock = RaceClock(cap_s, target, eval_every_s, evaluate)
     steps = [0]
 
     def training_fn(epoch: int, env_step: int) -> None:
         clock.pause()
         steps[0] = env_step
         try:
-            if clock.check() or clock.done():
+            if clock.check(env_step) or clock.done():
                 raise Reached
         finally:
             clock.resume()
@@ -289,7 +315,7 @@ def tianshou_run(algo_name: str, seed: int, args) -> dict:
     try:
         clock.resume()
         with contextlib.suppress(Reached):  # the target ends a run
-            algorithm.run_training(
+            trained.run_training(
                 OffPolicyTrainerParams(
                     training_collector=collector,
                     max_epochs=1_000_000,
@@ -304,123 +330,99 @@ def tianshou_run(algo_name: str, seed: int, args) -> dict:
             )
     finally:
         collector.close()
-        if algo_name == "gorila-tianshou":
+        if gorila:
             buffer.close()
     return clock.result(steps[0])
 
 
-def run(algo: str, seed: int, args) -> dict:
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
-    try:
-        return (rllib_run if algo.endswith("rllib") else tianshou_run)(algo, seed, args)
-    finally:
-        ray.shutdown()
+def make_race(kind: str = "rllib", *, cap_s: float = 300.0, eval_every_s: float = 3.0) -> Race:
+    """The ``kind`` race (``rllib`` or ``tianshou``), ``cap_s`` training seconds a run at most,
+    100 games every ``eval_every_s`` training seconds."""
+    notes = (
+        f"100 greedy games against random every {eval_every_s:g} training seconds, 400 games "
+        "deciding when they reach the target (evaluation time not counted); Ray with 2 CPUs.",
+    )
+    if kind == "rllib":
+        arm = partial(rllib_arm, eval_every_s=eval_every_s)
+        return Race(
+            name="tictactoe_rllib",
+            title="Tic-tac-toe against a random player, both seats: RLlib GorilaDQN vs RLlib DQN",
+            envs=(ENV,),
+            target=TARGET_WIN_RATE,
+            cap_s=cap_s,
+            arms=(
+                Arm(
+                    "GorilaDQN",
+                    partial(arm, algorithm="GorilaDQN"),
+                    "RLlib GorilaDQN, 2 env runners x 4 envs, 2 replay shards, n-step 1, gamma "
+                    "0.9, lr 1e-3, batch 128, target every 100 updates, 16 sampled rows per env "
+                    "step",
+                ),
+                Arm(
+                    "DQN",
+                    partial(arm, algorithm="DQN", dqn_envs=1),
+                    "RLlib DQN with multi-agent prioritized episode replay, the same module, "
+                    "n-step, gamma, lr, batch and target period (500 env steps), epsilon 1.0 -> "
+                    "0.05 over 10k steps, sampling in the driver with one env (faster here than "
+                    "4 envs or a remote env runner)",
+                ),
+            ),
+            baseline="DQN",
+            metric="win rate against random (100 games; 400 decide)",
+            notes=notes,
+        )
+    if kind == "tianshou":
+        arm = partial(tianshou_arm, eval_every_s=eval_every_s)
+        return Race(
+            name="tictactoe_tianshou",
+            title="Tic-tac-toe against a random player, second seat: Tianshou GorilaDQN vs "
+            "Tianshou DQN",
+            envs=(ENV,),
+            target=TARGET_WIN_RATE,
+            cap_s=cap_s,
+            arms=(
+                Arm(
+                    "GorilaDQN",
+                    partial(arm, algorithm="GorilaDQN"),
+                    "Tianshou MultiAgentGorilaDQN, 2 actors x 4 envs, 2 replay shards, 0.25 "
+                    "gradient steps of 128 per env step, gamma 0.9, n-step 1, lr 1e-3, target "
+                    "every 100 steps, 64-64 MLP",
+                ),
+                Arm(
+                    "DQN",
+                    partial(arm, algorithm="DQN", dqn_envs=8),
+                    "Tianshou DQN in MultiAgentOffPolicyAlgorithm with GorilaDQN's settings "
+                    "(epsilon 0.1 while training) over 8 DummyVectorEnv envs",
+                    uses_ray=False,
+                ),
+                Arm(
+                    "DQN (example)",
+                    partial(arm, algorithm="DQN", settings="example"),
+                    "Tianshou DQN with the settings of Tianshou's own tic-tac-toe example (4 x "
+                    "128 units, lr 1e-4, 3-step returns, target every 320 steps, 0.1 gradient "
+                    "steps of 64 per env step, 10 envs)",
+                    uses_ray=False,
+                ),
+            ),
+            baseline="DQN",
+            metric="win rate against random (100 games; 400 decide)",
+            notes=notes,
+        )
+    raise ValueError(f"race {kind!r}: choose one of {list(RACES)}")
 
 
-def summarise(runs: dict[str, list[dict]], max_seconds: float) -> dict:
-    medians = {a: median_or_none([r["seconds_to_target"] for r in rs]) for a, rs in runs.items()}
-    summary = {"medians_s": medians}
-    for framework in ("rllib", "tianshou"):
-        baselines = [a for a in runs if a.startswith(f"dqn-{framework}")]
-        if f"gorila-{framework}" not in runs or not baselines:
-            continue
-        gorila = medians[f"gorila-{framework}"]
-        reached = sorted((medians[a], a) for a in baselines if medians[a] is not None)
-        best = reached[0][1] if reached else baselines[0]  # the fastest baseline setting
-        dqn = medians[best]
-        if gorila is not None and dqn is not None:
-            ratio, bound = gorila / dqn, "="
-        elif gorila is not None:  # DQN never reached it: the ratio is below this
-            ratio, bound = gorila / max_seconds, "<"
-        elif dqn is not None:
-            ratio, bound = max_seconds / dqn, ">"
-        else:
-            ratio, bound = None, "n/a"
-        summary[framework] = {
-            "ratio": ratio,
-            "bound": bound,
-            "target": TARGET_RATIO,
-            "baseline": best,
-        }
-    return summary
+RACES = ("rllib", "tianshou")
 
 
-def markdown(result: dict) -> str:
-    params, runs = result["params"], result["runs"]
-    labels = list(runs)
-    lines = [
-        "# Tic-tac-toe against a random player: wall-clock to a win rate of "
-        f"{params['target']:.2f}, GorilaDQN vs the framework's multi-agent DQN",
-        "",
-        f"Seeds {params['seeds']}, cap {params['max_seconds']:.0f} s of training per run "
-        f"(evaluation excluded: 100 games every {params['eval_every_s']:.0f} s of training, "
-        f"400 games decide), {result['machine']['cpus']} CPUs, Ray with 2 CPUs, one run "
-        f"({result['date']} UTC). RLlib: the learner takes "
-        "both seats in turn; Tianshou: the second seat (a random player wins ~44 % over both "
-        "seats, ~29 % from the second). Baselines: RLlib's DQN sampling in the driver with "
-        f"{params['rllib_dqn_envs']} env(s), Tianshou's DQN over {params['tianshou_dqn_envs']} "
-        "DummyVectorEnv envs.",
-        "",
-        "| seed | " + " | ".join(labels) + " |",
-        "|---:|" + "---:|" * len(labels),
-    ]
-    for i, seed in enumerate(params["seeds"]):
-        cells = [
-            f"{fmt(runs[x][i]['seconds_to_target'])} ({runs[x][i]['env_steps']:,})" for x in labels
-        ]
-        lines.append(f"| {seed} | " + " | ".join(cells) + " |")
-    summary = result["summary"]
-    lines += [
-        "",
-        "| framework | GorilaDQN / fastest DQN setting (medians) | target |",
-        "|---|---:|---:|",
-    ]
-    for framework in ("rllib", "tianshou"):
-        if framework in summary:
-            s = summary[framework]
-            ratio = "n/a" if s["ratio"] is None else f"{s['bound']} {s['ratio']:.2f}"
-            lines.append(f"| {framework} | {ratio} (vs {s['baseline']}) | <= {s['target']} |")
-    medians = ", ".join(f"{a} {fmt(m)}" for a, m in summary["medians_s"].items())
-    lines += [
-        "",
-        f"Medians: {medians}. Cells: training seconds to the target (env steps at the end of "
-        "the run). A median counts runs that never reached the target as infinitely slow.",
-    ]
-    return "\n".join(lines) + "\n"
-
-
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    parser.add_argument("--algos", nargs="+", choices=ALGOS, default=list(ALGOS[:4]))
-    parser.add_argument("--target", type=float, default=0.8, help="win rate against random")
-    parser.add_argument("--max-seconds", type=float, default=300.0)
-    parser.add_argument("--eval-every-s", type=float, default=3.0)
-    # the baselines' fastest layouts here (ARCHITECTURE.md): RLlib's DQN sampling one env in
-    # the driver, Tianshou's DQN over 8 DummyVectorEnv envs
-    parser.add_argument("--rllib-dqn-envs", type=int, default=1)
-    parser.add_argument("--tianshou-dqn-envs", type=int, default=8)
-    parser.add_argument("--name", default="multi_agent_tictactoe", help="results file name")
-    parser.add_argument("--out", type=Path, default=RESULTS)
-    args = parser.parse_args()
-    torch.set_num_threads(1)
-    runs: dict[str, list[dict]] = {a: [] for a in args.algos}
-    for seed in args.seeds:
-        for algo in args.algos:
-            result = run(algo, seed, args) | {"seed": seed}
-            runs[algo].append(result)
-            print(f"{algo:16s} seed {seed}: {result}", flush=True)
-    result = {
-        "date": time.strftime("%Y-%m-%d %H:%M:%S"),
-        "machine": {"cpus": os.cpu_count(), "platform": platform.platform()},
-        "params": vars(args) | {"out": str(args.out)},
-        "runs": runs,
-        "summary": summarise(runs, args.max_seconds),
-    }
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / f"{args.name}.json").write_text(json.dumps(result, indent=2))
-    (args.out / f"{args.name}.md").write_text(markdown(result))
-    print(markdown(result))
+    parser.add_argument("--race", choices=RACES, default="rllib")
+    parser.add_argument("--eval-every-s", type=float, default=3.0, help="training s per check")
+    add_race_arguments(parser, cap_s=300.0)
+    args = parser.parse_args(argv)
+    run_and_report(
+        make_race(args.race, cap_s=args.max_seconds, eval_every_s=args.eval_every_s), args
+    )
 
 
 if __name__ == "__main__":

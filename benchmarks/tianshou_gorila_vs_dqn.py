@@ -33,14 +33,13 @@ import platform
 import time
 from collections.abc import Callable
 from functools import partial
-from pathlib import Path
 from types import SimpleNamespace
 
 import gymnasium as gym
 import numpy as np
 import ray
 import torch
-from harness import Arm, Race, markdown, run_race, write_report
+from harness import Arm, Race, add_race_arguments, run_and_report
 from race import TARGET
 from slow_env import slow_cartpole
 from tianshou.algorithm import DQN
@@ -53,7 +52,6 @@ from tianshou_race import RunClock, test_collector, train_until_target
 
 from tianshou_plugins import DistributedPrioritizedReplayBuffer, GorilaCollector, GorilaDQN
 
-RESULTS = Path(__file__).parent / "results"
 ENVS = ("CartPole-v1", "SlowCartPole-v1")
 THROUGHPUT_TARGET = 0.8  # N actors collect at least 0.8 x N times what one does
 ACTOR_TIMEOUT_S = 300.0  # actor start-up (not timed) is slow on a busy 2-core machine
@@ -349,9 +347,7 @@ def throughput_markdown(rows: list[dict], params: dict) -> str:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--seeds", type=int, nargs="+", default=None, help="default: 0-9")
-    parser.add_argument("--envs", nargs="*", choices=ENVS, default=list(ENVS))
-    parser.add_argument("--max-seconds", type=float, default=300.0, help="cap, training s")
+    add_race_arguments(parser, cap_s=300.0, envs=ENVS)
     parser.add_argument("--epoch-steps", type=int, default=5_000, help="env steps per test")
     parser.add_argument(
         "--gorila",
@@ -360,13 +356,11 @@ def main(argv: list[str] | None = None) -> None:
         metavar="KEY=VALUE",
         help=f"GorilaDQN settings other than the race's ({', '.join(GORILA_SETTINGS)})",
     )
-    parser.add_argument("--report-only", action="store_true", help="write the report, run none")
     throughput = parser.add_argument_group("collection throughput")
     throughput.add_argument("--throughput-actors", type=int, nargs="*", default=[1, 2, 4, 8])
     throughput.add_argument("--throughput-envs-per-actor", type=int, default=2)
     throughput.add_argument("--throughput-seconds", type=float, default=15.0)
     throughput.add_argument("--throughput-warmup-seconds", type=float, default=3.0)
-    parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args(argv)
     changes = {}
     for item in args.gorila:
@@ -378,12 +372,12 @@ def main(argv: list[str] | None = None) -> None:
         kind = type(GORILA_SETTINGS[key])
         changes[key] = None if value.lower() == "none" else kind(value)
     race = make_race(
-        epoch_steps=args.epoch_steps, cap_s=args.max_seconds, envs=args.envs, **changes
+        epoch_steps=args.epoch_steps,
+        cap_s=args.max_seconds,
+        envs=args.envs or ENVS,
+        **changes,
     )
-    results = args.out / "races"
-    if not args.report_only:
-        run_race(race, results, seeds=args.seeds)
-    print(markdown(race, write_report(race, results)))
+    run_and_report(race, args)
 
     if args.throughput_actors and not args.report_only:
         rows = collection_throughput(args.throughput_actors, args)

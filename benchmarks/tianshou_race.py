@@ -126,7 +126,7 @@ def train_until_target(
         algorithm.run_training(params)
     return {
         "seconds_to_target": clock.seconds_to_target,
-        "trained_seconds": clock.elapsed(),
+        "trained_seconds": round(clock.elapsed(), 2),  # as the curve rounds it
         "env_steps": clock.env_steps,
         "best_test_return": clock.best_test_return,
         "curve": clock.curve,

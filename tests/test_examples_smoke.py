@@ -12,6 +12,7 @@ other measurement benchmarks run in ``make test``.
 from __future__ import annotations
 
 import json
+import shlex
 from pathlib import Path
 
 import pytest
@@ -67,11 +68,10 @@ SCRIPTS: dict[str, tuple[str, float]] = {
     ),
     "test_tianshou_vtrace_vs_ppo_bench_writes_json_and_table": (
         (
-            "benchmarks/tianshou_vtrace_vs_ppo.py --seeds 0 --envs CartPole-v1 --algos "
-            "vtrace-seed a2c --baseline-layouts dummy:2 --max-seconds 1.5 --epoch-steps 1000 "
-            "--actors 1 --envs-per-actor 2 --out {out}"
+            "benchmarks/tianshou_vtrace_vs_ppo.py --seeds 0 --envs CartPole-v1 --arms "
+            "'VTrace SEED' A2C --max-seconds 1.5 --epoch-steps 1000 --out {out}"
         ),
-        280,
+        400,  # two runs in processes of their own, each importing Tianshou and torch
     ),
     "test_tianshou_gorila_vs_dqn_bench_writes_json_and_table": (
         (
@@ -83,10 +83,10 @@ SCRIPTS: dict[str, tuple[str, float]] = {
     ),
     "test_rllib_gorila_vs_dqn_bench_writes_json_and_table": (
         (
-            "benchmarks/rllib_gorila_vs_dqn.py --seeds 0 --envs CartPole-v1 --gorila-layouts "
-            "2x4 --dqn-layouts driver-1env --max-seconds 4 --eval-every-s 2 --out {out}"
+            "benchmarks/rllib_gorila_vs_dqn.py --seeds 0 --envs SlowCartPole-v1 --max-seconds "
+            "4 --eval-every-s 2 --out {out}"
         ),
-        240,
+        400,  # two runs in processes of their own, each importing RLlib and torch
     ),
     "test_gorila_adapters_env_steps_bench_writes_json_and_table": (
         (
@@ -97,10 +97,10 @@ SCRIPTS: dict[str, tuple[str, float]] = {
     ),
     "test_rllib_vtrace_vs_appo_bench_writes_json_and_table": (
         (
-            "benchmarks/rllib_vtrace_vs_appo.py --seeds 0 --algos vtrace-central impala "
-            "--runners 1 --envs-per-runner 2 --max-seconds 5 --eval-every-s 1 --out {out}"
+            "benchmarks/rllib_vtrace_vs_appo.py --seeds 0 --arms 'VTrace central' IMPALA "
+            "--max-seconds 5 --eval-every-s 1 --out {out}"
         ),
-        240,
+        400,  # two runs in processes of their own, each importing RLlib and torch
     ),
     "test_central_inference_bench_writes_json_and_table": (
         (
@@ -136,10 +136,17 @@ SCRIPTS: dict[str, tuple[str, float]] = {
     ),
     "test_multi_agent_tictactoe_bench_writes_json_and_table": (
         (
-            "benchmarks/multi_agent_tictactoe.py --seeds 0 --algos gorila-rllib dqn-tianshou "
+            "benchmarks/multi_agent_tictactoe.py --race tianshou --seeds 0 --arms GorilaDQN DQN "
             "--max-seconds 1.5 --eval-every-s 0.5 --out {out}"
         ),
-        280,
+        400,  # two runs in processes of their own
+    ),
+    "test_multi_agent_tictactoe_rllib_race_runs_gorila_on_both_seats": (
+        (
+            "benchmarks/multi_agent_tictactoe.py --race rllib --seeds 0 --arms GorilaDQN "
+            "--max-seconds 1.5 --eval-every-s 0.5 --out {out}"
+        ),
+        300,
     ),
     "test_pixel_pipeline_bench_writes_json_and_table": (
         (
@@ -192,7 +199,7 @@ def script_runs(pool, selected: list[str], mktemp) -> None:
         if name in SCRIPTS:
             args, timeout = SCRIPTS[name]
             out = mktemp(name)
-            pool.submit(name, args.replace("{out}", str(out)).split(), timeout, out_dir=out)
+            pool.submit(name, shlex.split(args.replace("{out}", str(out))), timeout, out_dir=out)
     if MINATAR_TEST in selected:
         out = mktemp(MINATAR_TEST)
         driver = out / "train_then_resume.py"
@@ -312,11 +319,24 @@ def test_tianshou_vtrace_example_trains_and_writes_checkpoint_and_curve(output, 
 
 @pytest.mark.long  # a race: several arms, each its own Ray session (see module doc)
 def test_tianshou_vtrace_vs_ppo_bench_writes_json_and_table(out_dir):
-    result = json.loads((out_dir / "tianshou_vtrace_vs_ppo.json").read_text())
-    assert set(result["runs"]["CartPole-v1"]) == {"vtrace-seed", "a2c dummy:2"}
-    for runs in result["runs"]["CartPole-v1"].values():
-        assert runs[0]["env_steps"] > 0
-    assert "best VTrace / best baseline" in (out_dir / "tianshou_vtrace_vs_ppo.md").read_text()
+    """Two of the race's arms, one seed each on the harness: VTrace in SEED mode (Ray actors and
+    an inference server) and A2C in its CartPole layout; the report leaves out what did not run
+    and has no ratio without its baseline (PPO)."""
+    report = json.loads((out_dir / "races" / "tianshou_vtrace_vs_ppo.json").read_text())
+    runs = report["runs"]["CartPole-v1"]
+    assert {arm for arm, records in runs.items() if records} == {"VTrace SEED", "A2C"}
+    for arm in ("VTrace SEED", "A2C"):
+        (run,) = runs[arm]
+        assert run["env_steps"] > 0 and run["curve"], run
+        assert all(point[0] <= run["trained_seconds"] + 1e-6 for point in run["curve"])
+    assert runs["A2C"][0]["layout"] == "8 DummyVectorEnv envs"
+    assert runs["VTrace SEED"][0]["layout"] == "2 actors x 8 envs"
+    summary = report["summary"]["CartPole-v1"]
+    assert set(summary) == {"VTrace SEED", "A2C"}
+    assert not any("ratio_to_baseline" in arm for arm in summary.values())
+    table = (out_dir / "races" / "tianshou_vtrace_vs_ppo.md").read_text()
+    (a2c_row,) = [line for line in table.splitlines() if line.startswith("| A2C | ")]
+    assert "| n/a |" in a2c_row  # not labelled the baseline
 
 
 @pytest.mark.long  # a race: several arms, each its own Ray session (see module doc)
@@ -344,16 +364,21 @@ def test_tianshou_gorila_vs_dqn_bench_writes_json_and_table(out_dir):
 
 @pytest.mark.long  # a race: several arms, each its own Ray session (see module doc)
 def test_rllib_gorila_vs_dqn_bench_writes_json_and_table(out_dir):
-    result = json.loads((out_dir / "rllib_gorila_vs_dqn.json").read_text())
-    assert set(result["runs"]["CartPole-v1"]) == {"GorilaDQN:2x4", "DQN:driver-1env"}
-    for (run,) in result["runs"]["CartPole-v1"].values():
-        assert run["env_steps"] > 0
-        assert (
-            run["seconds_to_target"] is None or run["seconds_to_target"] <= run["trained_seconds"]
-        )
-    summary = result["summary"]["CartPole-v1"]
-    assert (summary["best_gorila"], summary["best_dqn"]) == ("GorilaDQN:2x4", "DQN:driver-1env")
-    assert "| CartPole-v1 | 0 |" in (out_dir / "rllib_gorila_vs_dqn.md").read_text()
+    """The race on the harness, one seed of each arm on the 2 ms CartPole (GorilaDQN in its slow
+    env layout, its ray actors fed SlowCartPole by value): every run's curve is kept, evaluated
+    on plain CartPole-v1, and the report has GorilaDQN's ratio to DQN."""
+    report = json.loads((out_dir / "races" / "rllib_gorila_vs_dqn.json").read_text())
+    runs = report["runs"]["SlowCartPole-v1"]
+    for arm in ("GorilaDQN", "DQN"):
+        (run,) = runs[arm]
+        assert run["env_steps"] > 0 and run["curve"], run
+        assert all(point[0] <= run["trained_seconds"] + 1e-6 for point in run["curve"])
+        assert run["machine_pace_s"] > 0
+    assert runs["GorilaDQN"][0]["arm_settings"]["slow_runners"] == 4
+    summary = report["summary"]["SlowCartPole-v1"]
+    assert summary["GorilaDQN"]["runs"] == summary["DQN"]["runs"] == 1
+    assert "ratio_interval" in summary["GorilaDQN"]
+    assert "| GorilaDQN | " in (out_dir / "races" / "rllib_gorila_vs_dqn.md").read_text()
 
 
 @pytest.mark.long  # a race: several arms, each its own Ray session (see module doc)
@@ -369,18 +394,21 @@ def test_gorila_adapters_env_steps_bench_writes_json_and_table(out_dir):
 
 @pytest.mark.long  # a race: several arms, each its own Ray session (see module doc)
 def test_rllib_vtrace_vs_appo_bench_writes_json_and_table(out_dir):
-    result = json.loads((out_dir / "rllib_vtrace_vs_appo.json").read_text())
-    assert set(result["runs"]) == {"CartPole-v1"}
-    assert set(result["runs"]["CartPole-v1"]) == {"vtrace-central", "impala"}
-    for (run,) in result["runs"]["CartPole-v1"].values():
-        assert run["env_steps"] > 0
-        reached = run["seconds_to_target"]
-        assert reached is None or reached <= run["trained_seconds"]
-    summary = result["summary"]["CartPole-v1"]
-    assert set(summary["median_s"]) == {"vtrace-central", "impala"}
-    assert (summary["best_vtrace"], summary["best_baseline"]) == ("vtrace-central", "impala")
-    assert summary["ratio_bound"] in {"=", "<", ">", "n/a"}
-    assert "| CartPole-v1 | 0 |" in (out_dir / "rllib_vtrace_vs_appo.md").read_text()
+    """Two of the race's arms, one seed each on the harness: each run's curve of the learner's
+    greedy returns is kept, the report has VTrace's ratio to IMPALA and leaves out what did not
+    run."""
+    report = json.loads((out_dir / "races" / "rllib_vtrace_vs_appo.json").read_text())
+    runs = report["runs"]["CartPole-v1"]
+    assert {arm for arm, records in runs.items() if records} == {"VTrace central", "IMPALA"}
+    for arm in ("VTrace central", "IMPALA"):
+        (run,) = runs[arm]
+        assert run["env_steps"] > 0 and run["curve"], run
+        assert all(point[0] <= run["trained_seconds"] + 1e-6 for point in run["curve"])
+    assert runs["IMPALA"][0]["arm_settings"]["runners"] == 2
+    summary = report["summary"]["CartPole-v1"]
+    assert set(summary) == {"VTrace central", "IMPALA"}
+    assert "ratio_interval" in summary["VTrace central"]
+    assert "| VTrace central | " in (out_dir / "races" / "rllib_vtrace_vs_appo.md").read_text()
 
 
 @pytest.mark.long  # a measurement that trains whole algorithms (see module doc)
@@ -451,11 +479,25 @@ def test_tianshou_multi_agent_example_trains_and_writes_checkpoint_and_curve(out
 
 @pytest.mark.long  # a race: several arms, each its own Ray session (see module doc)
 def test_multi_agent_tictactoe_bench_writes_json_and_table(out_dir):
-    result = json.loads((out_dir / "multi_agent_tictactoe.json").read_text())
-    assert set(result["runs"]) == {"gorila-rllib", "dqn-tianshou"}
-    for runs in result["runs"].values():
-        assert runs[0]["env_steps"] > 0 and runs[0]["checks"]
-    assert "GorilaDQN / fastest DQN setting" in (out_dir / "multi_agent_tictactoe.md").read_text()
+    """Tianshou's race, GorilaDQN (Ray actors) against Tianshou's DQN (no Ray), one seed each:
+    each curve holds win rates against random, the report GorilaDQN's ratio to DQN."""
+    report = json.loads((out_dir / "races" / "tictactoe_tianshou.json").read_text())
+    runs = report["runs"]["tictactoe_v3"]
+    assert {arm for arm, records in runs.items() if records} == {"GorilaDQN", "DQN"}
+    for arm in ("GorilaDQN", "DQN"):
+        (run,) = runs[arm]
+        assert run["env_steps"] > 0 and run["curve"], run
+        assert all(0.0 <= point[2] <= 1.0 for point in run["curve"])
+    assert "ratio_interval" in report["summary"]["tictactoe_v3"]["GorilaDQN"]
+    assert "win rate against random" in (out_dir / "races" / "tictactoe_tianshou.md").read_text()
+
+
+@pytest.mark.long  # a race (see module doc)
+def test_multi_agent_tictactoe_rllib_race_runs_gorila_on_both_seats(out_dir):
+    report = json.loads((out_dir / "races" / "tictactoe_rllib.json").read_text())
+    (run,) = report["runs"]["tictactoe_v3"]["GorilaDQN"]
+    assert run["env_steps"] > 0 and run["curve"], run
+    assert all(0.0 <= point[2] <= 1.0 for point in run["curve"])
 
 
 @pytest.mark.long  # a measurement that trains whole algorithms (see module doc)
