@@ -326,29 +326,7 @@ def markdown(race: Race, summary: dict) -> str:
         "",
     ]
     for env, arms in summary.items():
-        lines += [
-            f"## {env}",
-            "",
-            "| arm | runs reached | IQM s [95 % interval] | ratio [95 % interval] | faster | "
-            "P(better) |",
-            "|---|---|---|---|---|---|",
-        ]
-        for name, arm in arms.items():
-            low, high = arm["iqm_interval_s"]
-            if "ratio_to_baseline" in arm:
-                r_low, r_high = arm["ratio_interval"]
-                ratio = f"{arm['ratio_to_baseline']:.2f} [{r_low:.2f}, {r_high:.2f}]"
-                faster = "yes" if arm["faster"] else "not shown"
-                better = f"{arm['probability_of_improvement']:.2f}"
-            elif name == race.baseline:
-                ratio, faster, better = "baseline", "", ""
-            else:  # the baseline has no runs here
-                ratio, faster, better = "n/a", "", ""
-            lines.append(
-                f"| {name} | {arm['reached']}/{arm['runs']} | {_seconds(arm['iqm_s'])} "
-                f"[{_seconds(low)}, {_seconds(high)}] | {ratio} | {faster} | {better} |"
-            )
-        lines.append("")
+        lines += [f"## {env}", "", *env_table(arms, race.baseline), ""]
     lines += ["## Arms", ""]
     for arm in race.arms:
         settings = arm_settings(arm)
@@ -356,6 +334,33 @@ def markdown(race: Race, summary: dict) -> str:
         lines.append(f"- **{arm.name}**: {arm.note}.{given}")
     lines += [f"- {note}" for note in race.notes]
     return "\n".join(lines) + "\n"
+
+
+def env_table(arms: dict, baseline: str) -> list[str]:
+    """The markdown table of one env's summary (:func:`summarize`): per arm the runs that
+    reached the target, the IQM with its interval, the ratio to ``baseline`` with its interval,
+    whether "faster" holds and the probability of improvement."""
+    lines = [
+        "| arm | runs reached | IQM s [95 % interval] | ratio [95 % interval] | faster | "
+        "P(better) |",
+        "|---|---|---|---|---|---|",
+    ]
+    for name, arm in arms.items():
+        low, high = arm["iqm_interval_s"]
+        if "ratio_to_baseline" in arm:
+            r_low, r_high = arm["ratio_interval"]
+            ratio = f"{arm['ratio_to_baseline']:.2f} [{r_low:.2f}, {r_high:.2f}]"
+            faster = "yes" if arm["faster"] else "not shown"
+            better = f"{arm['probability_of_improvement']:.2f}"
+        elif name == baseline:
+            ratio, faster, better = "baseline", "", ""
+        else:  # the baseline has no runs here
+            ratio, faster, better = "n/a", "", ""
+        lines.append(
+            f"| {name} | {arm['reached']}/{arm['runs']} | {_seconds(arm['iqm_s'])} "
+            f"[{_seconds(low)}, {_seconds(high)}] | {ratio} | {faster} | {better} |"
+        )
+    return lines
 
 
 def _iqm_band(grid: np.ndarray, curves: list[list[tuple[float, float]]]):
@@ -432,7 +437,12 @@ def write_report(race: Race, results: Path) -> dict:
         "target": race.target,
         "metric": race.metric,
         "baseline": race.baseline,
+        "envs": list(race.envs),
+        "seeds": list(race.seeds),
+        "cap_s": race.cap_s,
+        "notes": list(race.notes),
         "arms": {arm.name: arm.note for arm in race.arms},
+        "arm_settings": {arm.name: arm_settings(arm) for arm in race.arms},
         "summary": summary,
         "runs": load_runs(race, results),
     }

@@ -1,56 +1,48 @@
-"""Wall-clock to a greedy mean return of 10 on MinAtar Breakout: GorilaDQN (RLlib and Tianshou)
-vs RLlib's DQN and Tianshou's DQN, side by side in one run.
+"""Training seconds to a greedy mean return of 10 on MinAtar Breakout: GorilaDQN vs DQN, races
+on the harness (``benchmarks/harness.py``).
 
-Every algorithm learns with one DQN recipe, so that the race is about how fast each framework
-and layout turns env steps into updates: the MinAtar paper's network (Young & Tian 2019: conv 16
-3x3/1, a 128-unit layer; uint8 frames scaled at the first layer), Adam ``--lr``, batch 32,
-gamma 0.99, 3-step returns, a 100k-row replay that starts sampling at ``--learning-starts``
-rows (5k), 8 replayed rows
+Every arm learns with one DQN recipe, so that the race is about how fast each framework and
+layout turns env steps into updates: the MinAtar paper's network (Young & Tian 2019: conv 16
+3x3/1, a 128-unit layer; uint8 frames scaled at the first layer), Adam lr 5e-4, batch 32,
+gamma 0.99, 3-step returns, a 100k-row replay that starts sampling at 5k rows, 8 replayed rows
 per inserted row (one update of 32 per 4 env steps), a hard target update every 1,000 updates.
 Exploration and replay are each algorithm's own: RLlib and Tianshou DQN decay epsilon 1.0 ->
 0.05 over the first 50k env steps, GorilaDQN gives each actor its own Ape-X epsilon; RLlib DQN
 and GorilaDQN replay by priority (alpha 0.6, beta 0.4), Tianshou DQN uniformly (its default).
-``--rllib-dqn-replay uniform`` and ``--rllib-dqn-n-step`` tune RLlib's DQN away from the recipe
-(its uniform ``EpisodeReplayBuffer``, another n).
 
-Layouts (2 cores): GorilaDQN with ``--runners`` x ``--envs-per-runner`` (learner in the driver,
-one replay shard, its rate limiter holding the ratio); RLlib DQN sampling in the driver with
-``--dqn-envs`` envs (RLlib's fastest layout here for CartPole, ``rllib_dqn_layouts.md``); Tianshou
-DQN over ``--dqn-envs`` ``DummyVectorEnv`` envs (MinAtar steps take microseconds, so subprocess
-envs only add overhead).
+Arms: ``GorilaDQN (RLlib)`` and ``GorilaDQN (Tianshou)``, 2 actors x 4 envs (learner in the
+run's process, one replay shard, its rate limiter holding the ratio); ``DQN (RLlib)`` sampling
+in the driver with 4 envs (RLlib's fastest layout here for CartPole), ``DQN (Tianshou)`` over 4
+``DummyVectorEnv`` envs (MinAtar steps take microseconds, so subprocess envs only add overhead).
+
+Races (``--race``): ``breakout``, the two fastest arms of the ``all`` race (GorilaDQN in RLlib
+and DQN in Tianshou), 5 seeds; ``all``, every arm (how the two were chosen).
 
 The clock counts training only. RLlib runs are evaluated every ``--eval-every-s`` seconds of
 training (a 10-episode greedy test; when it averages >= the target, a second 10-episode test on
-other seeds decides); Tianshou runs are tested by Tianshou's trainer every ``--epoch-steps`` env
-steps (10 greedy episodes, test time counted, as in the CartPole races). Evaluation episodes are
-capped at ``--eval-max-steps`` steps. Each run gets a fresh ``ray.init(num_cpus=2)``.
+other seeds decides); Tianshou runs are tested by Tianshou's trainer every ``--epoch-steps``
+env steps (10 greedy episodes). Evaluation episodes are capped at ``--eval-max-steps`` (2,000).
+Every run is a process of its own with a fresh Ray of 2 CPUs; finished runs are kept under
+``<--out>/races/`` and skipped when the script runs again. The report is
+``<--out>/races/<race>.{json,md,png}``::
 
-Writes ``benchmarks/results/minatar_race.{json,md,png}`` (the PNG: every run's test returns
-against training seconds)::
-
-    .venv/bin/python benchmarks/minatar_race.py [--seeds 0 1 2] [--max-seconds 600]
+    .venv/bin/python benchmarks/minatar_race.py [--race breakout] [--seeds 0 1 2]
 """
 
 from __future__ import annotations
 
 import argparse
-import os
-import platform
-import time
 from functools import partial
-from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import torch
-from race import fmt_seconds as fmt
-from race import median_or_none, race_each_in_fresh_ray, rllib_time_to_target
-from results_files import write_results
+from harness import Arm, Race, add_race_arguments, run_and_report
+from race import rllib_time_to_target
 
-RESULTS = Path(__file__).parent / "results"
 GAME = "breakout"
 ALGOS = ("gorila-rllib", "dqn-rllib", "gorila-tianshou", "dqn-tianshou")
 GORILAS = ("gorila-rllib", "gorila-tianshou")
-RATIO_TARGET = 0.5
 #: the MinAtar paper's network in RLlib's terms: one 3x3 convolution of 16, then 128 units
 MINATAR_CONV = [[16, 3, 1, "valid"]]
 MINATAR_HIDDEN = [128]
@@ -61,6 +53,13 @@ BATCH = 32
 SAMPLES_PER_INSERT = 8
 GAMMA = 0.99
 N_STEP = 3
+
+
+LR = 5e-4
+LEARNING_STARTS = 5_000  # replay rows
+EVAL_MAX_STEPS = 2_000
+TARGET = 10.0
+ENV = f"minatar:{GAME}"
 
 
 #: RLlib DQN's replay kinds: prioritized is its default (as in its CartPole race)
@@ -75,10 +74,10 @@ RLLIB_DQN_REPLAY = {
 }
 
 
-def rllib_recipe(args) -> dict:
+def rllib_recipe(lr: float) -> dict:
     """The recipe's ``.training()`` settings both RLlib arms share."""
     return {
-        "lr": args.lr,
+        "lr": lr,
         "gamma": GAMMA,
         "n_step": N_STEP,
         "train_batch_size_per_learner": BATCH,
@@ -93,7 +92,9 @@ def rllib_model_config():
     return DefaultModelConfig(conv_filters=MINATAR_CONV, head_fcnet_hiddens=MINATAR_HIDDEN)
 
 
-def gorila_rllib_config(seed: int, args):
+def gorila_rllib_config(
+    seed: int, *, lr: float, learning_starts: int, runners: int, envs_per_runner: int
+):
     from rl_dist_ext.replay import ObsCompression
     from rllib_plugins import GorilaDQNConfig
     from rllib_plugins.pixels import pixel_env
@@ -101,13 +102,13 @@ def gorila_rllib_config(seed: int, args):
     return (
         GorilaDQNConfig()
         .environment(pixel_env(f"minatar:{GAME}"))
-        .env_runners(num_env_runners=args.runners, num_envs_per_env_runner=args.envs_per_runner)
+        .env_runners(num_env_runners=runners, num_envs_per_env_runner=envs_per_runner)
         .learners(num_learners=0)
-        .training(**rllib_recipe(args), target_update_every_n_updates=TARGET_UPDATE_UPDATES)
+        .training(**rllib_recipe(lr), target_update_every_n_updates=TARGET_UPDATE_UPDATES)
         .replay(
             num_shards=1,
             capacity=CAPACITY,
-            min_size_to_sample=args.learning_starts,
+            min_size_to_sample=learning_starts,
             samples_per_insert=SAMPLES_PER_INSERT,
             compression=ObsCompression(),
         )
@@ -117,7 +118,9 @@ def gorila_rllib_config(seed: int, args):
     )
 
 
-def dqn_rllib_config(seed: int, args):
+def dqn_rllib_config(
+    seed: int, *, lr: float, learning_starts: int, dqn_envs: int, replay: str, n_step: int
+):
     from ray.rllib.algorithms.dqn import DQNConfig
     from ray.rllib.core.rl_module.rl_module import RLModuleSpec
 
@@ -127,15 +130,15 @@ def dqn_rllib_config(seed: int, args):
     return (
         DQNConfig()
         .environment(pixel_env(f"minatar:{GAME}"))
-        .env_runners(num_env_runners=0, num_envs_per_env_runner=args.dqn_envs)
+        .env_runners(num_env_runners=0, num_envs_per_env_runner=dqn_envs)
         .learners(num_learners=0)
         .training(
-            **(rllib_recipe(args) | {"n_step": args.rllib_dqn_n_step}),
+            **(rllib_recipe(lr) | {"n_step": n_step}),
             training_intensity=SAMPLES_PER_INSERT,
-            num_steps_sampled_before_learning_starts=args.learning_starts,
+            num_steps_sampled_before_learning_starts=learning_starts,
             # RLlib counts the target period in env steps: 1,000 updates = 4,000 env steps
             target_network_update_freq=TARGET_UPDATE_UPDATES * BATCH // SAMPLES_PER_INSERT,
-            replay_buffer_config=RLLIB_DQN_REPLAY[args.rllib_dqn_replay],
+            replay_buffer_config=RLLIB_DQN_REPLAY[replay],
             num_atoms=1,
             noisy=False,
             epsilon=[(0, 1.0), (EPSILON_STEPS, 0.05)],
@@ -150,22 +153,34 @@ def dqn_rllib_config(seed: int, args):
     )
 
 
-def rllib_run(algo_name: str, seed: int, args) -> dict:
+def rllib_arm(
+    env: str,
+    seed: int,
+    cap_s: float,
+    target: float,
+    *,
+    algorithm: str,
+    eval_every_s: float,
+    eval_max_steps: int,
+    **config,
+) -> dict:
+    """One RLlib run (the harness started Ray in this process)."""
     import rllib_plugins  # noqa: F401  (registers GorilaDQN)
     from rllib_plugins.pixels import PixelEnvCreator
 
-    build = gorila_rllib_config if algo_name == "gorila-rllib" else dqn_rllib_config
-    algo = build(seed, args).build_algo()
+    torch.set_num_threads(1)
+    build = gorila_rllib_config if algorithm == "GorilaDQN" else dqn_rllib_config
+    algo = build(seed, **config).build_algo()
     return rllib_time_to_target(
         algo,
         seed=seed,
-        max_seconds=args.max_seconds,
-        eval_every_s=args.eval_every_s,
+        max_seconds=cap_s,
+        eval_every_s=eval_every_s,
         greedy_module=lambda a: a.get_module(),
-        target=args.target,
-        eval_env=PixelEnvCreator(f"minatar:{GAME}"),
+        target=target,
+        eval_env=PixelEnvCreator(env),
         screen_episodes=10,
-        eval_max_steps=args.eval_max_steps,
+        eval_max_steps=eval_max_steps,
     )
 
 
@@ -186,19 +201,34 @@ def tianshou_policy(seed: int, eps_training: float):
     return policy
 
 
-def tianshou_tests(policy, seed: int, clock, args):
+def tianshou_tests(policy, seed: int, clock, max_steps: int):
     from tianshou.env import DummyVectorEnv
     from tianshou_race import TEST_EPISODES, RecordingCollector
 
     from rl_dist_ext.pixel_envs import make_minatar
 
-    maker = partial(make_minatar, GAME, max_episode_steps=args.eval_max_steps)
+    maker = partial(make_minatar, GAME, max_episode_steps=max_steps)
     envs = DummyVectorEnv([maker] * TEST_EPISODES)
     envs.seed([50_000 + 100 * seed + i for i in range(TEST_EPISODES)])
     return RecordingCollector(policy, envs, clock)
 
 
-def tianshou_run(algo_name: str, seed: int, args) -> dict:
+def tianshou_arm(
+    env: str,
+    seed: int,
+    cap_s: float,
+    target: float,
+    *,
+    algorithm: str,
+    epoch_steps: int,
+    eval_max_steps: int,
+    lr: float,
+    learning_starts: int,
+    runners: int = 2,
+    envs_per_runner: int = 4,
+    dqn_envs: int = 4,
+) -> dict:
+    """One Tianshou run (the harness started Ray in this process)."""
     from tianshou.algorithm import DQN
     from tianshou.algorithm.optim import AdamOptimizerFactory
     from tianshou.data import Collector, VectorReplayBuffer
@@ -209,26 +239,28 @@ def tianshou_run(algo_name: str, seed: int, args) -> dict:
     from rl_dist_ext.replay import ObsCompression
     from tianshou_plugins import DistributedPrioritizedReplayBuffer, GorilaCollector, GorilaDQN
 
-    clock = RunClock(args.max_seconds, target=args.target)
+    torch.set_num_threads(1)
+    clock = RunClock(cap_s, target=target)
+    trainer = SimpleNamespace(epoch_steps=epoch_steps)
     steps = {
-        "collection_step_num_env_steps": 4 * args.dqn_envs,
+        "collection_step_num_env_steps": 4 * dqn_envs,
         "update_step_num_gradient_steps_per_sample": SAMPLES_PER_INSERT / BATCH,
         "batch_size": BATCH,
     }
-    if algo_name == "dqn-tianshou":
+    if algorithm == "DQN":
         policy = tianshou_policy(seed, eps_training=1.0)
-        algorithm = DQN(
+        dqn = DQN(
             policy=policy,
-            optim=AdamOptimizerFactory(lr=args.lr),
+            optim=AdamOptimizerFactory(lr=lr),
             gamma=GAMMA,
             n_step_return_horizon=N_STEP,
             target_update_freq=TARGET_UPDATE_UPDATES,
         )
-        envs = DummyVectorEnv([partial(make_minatar, GAME)] * args.dqn_envs)
-        envs.seed([seed * 100 + i for i in range(args.dqn_envs)])
-        training = Collector(policy, envs, VectorReplayBuffer(CAPACITY, args.dqn_envs))
+        envs = DummyVectorEnv([partial(make_minatar, GAME)] * dqn_envs)
+        envs.seed([seed * 100 + i for i in range(dqn_envs)])
+        training = Collector(policy, envs, VectorReplayBuffer(CAPACITY, dqn_envs))
         training.reset()
-        training.collect(n_step=args.learning_starts, random=True)
+        training.collect(n_step=learning_starts, random=True)
         decay = clock.training_fn
 
         def training_fn(epoch: int, env_step: int) -> None:  # epsilon 1.0 -> 0.05 over 50k
@@ -236,9 +268,9 @@ def tianshou_run(algo_name: str, seed: int, args) -> dict:
             decay(epoch, env_step)
 
         clock.training_fn = training_fn
-        test = tianshou_tests(policy, seed, clock, args)
+        test = tianshou_tests(policy, seed, clock, eval_max_steps)
         try:
-            return train_until_target(algorithm, training, test, clock, args, **steps)
+            return train_until_target(dqn, training, test, clock, trainer, **steps)
         finally:
             training.close()
             test.close()
@@ -246,177 +278,130 @@ def tianshou_run(algo_name: str, seed: int, args) -> dict:
     buffer = DistributedPrioritizedReplayBuffer(
         CAPACITY,
         num_shards=1,
-        min_size_to_sample=args.learning_starts,
+        min_size_to_sample=learning_starts,
         samples_per_insert=SAMPLES_PER_INSERT,
         compression=ObsCompression(),
         seed=seed,
     )
-    algorithm = GorilaDQN(
+    gorila = GorilaDQN(
         policy=policy,
-        optim=AdamOptimizerFactory(lr=args.lr),
+        optim=AdamOptimizerFactory(lr=lr),
         gamma=GAMMA,
         n_step_return_horizon=N_STEP,
         target_update_freq=TARGET_UPDATE_UPDATES,
     )
     collector = GorilaCollector(
-        algorithm,
+        gorila,
         env_factory=partial(make_minatar, GAME),
         buffer=buffer,
-        num_actors=args.runners,
-        envs_per_actor=args.envs_per_runner,
+        num_actors=runners,
+        envs_per_actor=envs_per_runner,
     )
-    test = tianshou_tests(policy, seed, clock, args)
+    test = tianshou_tests(policy, seed, clock, eval_max_steps)
     try:
         steps["collection_step_num_env_steps"] = 256
-        return train_until_target(algorithm, collector, test, clock, args, **steps)
+        return train_until_target(gorila, collector, test, clock, trainer, **steps)
     finally:
         collector.close()
         buffer.close()
         test.close()
 
 
-def run_one(algo_name: str, env: str, seed: int, args) -> dict:
-    if algo_name.endswith("-rllib"):
-        return rllib_run(algo_name, seed, args)
-    return tianshou_run(algo_name, seed, args)
+RECIPE = "the MinAtar recipe (lr 5e-4, batch 32, 3-step, 8 replayed rows per inserted row, "
+RECIPE += "target every 1,000 updates, replay from 5k rows)"
 
 
-def best_return(run: dict) -> float | None:
-    """A run's best greedy test return (RLlib runs: their screens; Tianshou: the trainer's)."""
-    return run.get("best_screen_return", run.get("best_test_return"))
+def arms(
+    eval_every_s: float, epoch_steps: int, learning_starts: int, eval_max_steps: int
+) -> dict[str, Arm]:
+    """Every arm of the ``all`` race, by name."""
+    shared = {"lr": LR, "learning_starts": learning_starts, "eval_max_steps": eval_max_steps}
+    rllib = partial(rllib_arm, eval_every_s=eval_every_s, **shared)
+    tianshou = partial(tianshou_arm, epoch_steps=epoch_steps, **shared)
+    return {
+        "GorilaDQN (RLlib)": Arm(
+            "GorilaDQN (RLlib)",
+            partial(rllib, algorithm="GorilaDQN", runners=2, envs_per_runner=4),
+            f"RLlib GorilaDQN, {RECIPE}, 2 env runners x 4 envs, one compressed replay shard",
+        ),
+        "DQN (RLlib)": Arm(
+            "DQN (RLlib)",
+            partial(rllib, algorithm="DQN", dqn_envs=4, replay="prioritized", n_step=N_STEP),
+            f"RLlib DQN, {RECIPE}, prioritized episode replay, sampling in the driver with 4 envs",
+        ),
+        "GorilaDQN (Tianshou)": Arm(
+            "GorilaDQN (Tianshou)",
+            partial(tianshou, algorithm="GorilaDQN", runners=2, envs_per_runner=4),
+            f"Tianshou GorilaDQN, {RECIPE}, 2 Ray actors x 4 envs, one compressed replay shard",
+        ),
+        "DQN (Tianshou)": Arm(
+            "DQN (Tianshou)",
+            partial(tianshou, algorithm="DQN", dqn_envs=4),
+            f"Tianshou DQN, {RECIPE}, uniform replay, 4 DummyVectorEnv envs",
+            uses_ray=False,
+        ),
+    }
 
 
-def plot(runs: dict[str, list[dict]], path: Path, target: float) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(8, 4.5))
-    for color, (name, by_seed) in zip(plt.cm.tab10.colors, runs.items(), strict=False):
-        for i, run in enumerate(by_seed):
-            if run["curve"]:
-                seconds, _, returns = zip(*run["curve"], strict=True)
-                ax.plot(seconds, returns, color=color, alpha=0.8, label=name if i == 0 else None)
-    ax.axhline(target, color="grey", linestyle="--", linewidth=1)
-    ax.set_xlabel("training seconds")
-    ax.set_ylabel("greedy mean return (10 episodes)")
-    ax.set_title(f"MinAtar {GAME}: every seed")
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+#: the two fastest arms of the ``all`` race (seed 0: GorilaDQN in RLlib 342 s, in Tianshou 372 s;
+#: DQN in Tianshou 572 s, RLlib's not in 600 s)
+FASTEST = ("GorilaDQN (RLlib)", "DQN (Tianshou)")
+RACES = ("breakout", "all")
 
 
-def main() -> None:
+def make_race(
+    kind: str = "breakout",
+    *,
+    cap_s: float = 600.0,
+    eval_every_s: float = 20.0,
+    epoch_steps: int = 20_000,
+    learning_starts: int = LEARNING_STARTS,
+    eval_max_steps: int = EVAL_MAX_STEPS,
+) -> Race:
+    """The ``kind`` race (``breakout``: the two fastest arms, or ``all``), ``cap_s`` training
+    seconds a run at most; RLlib arms evaluated every ``eval_every_s`` training seconds,
+    Tianshou arms every ``epoch_steps`` env steps."""
+    if kind not in RACES:
+        raise ValueError(f"race {kind!r}: choose one of {list(RACES)}")
+    every = arms(eval_every_s, epoch_steps, learning_starts, eval_max_steps)
+    chosen = FASTEST if kind == "breakout" else tuple(every)
+    return Race(
+        name="minatar_breakout" if kind == "breakout" else "minatar_breakout_all",
+        title=f"MinAtar Breakout: training seconds to a greedy mean return of {TARGET:g}",
+        envs=(ENV,),
+        target=TARGET,
+        cap_s=cap_s,
+        arms=tuple(every[name] for name in chosen),
+        baseline="DQN (Tianshou)",
+        seeds=tuple(range(5)) if kind == "breakout" else (0, 1, 2),
+        metric="greedy mean return (10 episodes)",
+        notes=(
+            f"RLlib arms: 10 greedy episodes every {eval_every_s:g} training seconds, 10 more "
+            f"deciding at the target; Tianshou arms: 10 greedy episodes every {epoch_steps:,} "
+            f"env steps; episodes capped at {eval_max_steps:,} steps; evaluation time not "
+            "counted.",
+        ),
+    )
+
+
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    parser.add_argument("--algos", nargs="+", default=list(ALGOS), choices=ALGOS)
-    parser.add_argument("--target", type=float, default=10.0, help="greedy mean return")
-    parser.add_argument("--max-seconds", type=float, default=600.0)
-    parser.add_argument("--eval-every-s", type=float, default=20.0, help="RLlib runs")
-    parser.add_argument("--epoch-steps", type=int, default=20_000, help="Tianshou runs")
-    parser.add_argument("--eval-max-steps", type=int, default=2_000)
-    parser.add_argument("--lr", type=float, default=5e-4)
-    parser.add_argument("--learning-starts", type=int, default=5_000, help="replay rows")
-    parser.add_argument("--runners", type=int, default=2, help="GorilaDQN actors")
-    parser.add_argument("--envs-per-runner", type=int, default=4)
-    parser.add_argument("--dqn-envs", type=int, default=4, help="RLlib / Tianshou DQN envs")
-    parser.add_argument(
-        "--rllib-dqn-replay",
-        choices=sorted(RLLIB_DQN_REPLAY),
-        default="prioritized",
-        help="RLlib DQN's replay buffer (tuning; the recipe replays by priority)",
+    parser.add_argument("--race", choices=RACES, default="breakout")
+    parser.add_argument("--eval-every-s", type=float, default=20.0, help="RLlib arms")
+    parser.add_argument("--epoch-steps", type=int, default=20_000, help="Tianshou arms")
+    parser.add_argument("--learning-starts", type=int, default=LEARNING_STARTS, help="rows")
+    parser.add_argument("--eval-max-steps", type=int, default=EVAL_MAX_STEPS)
+    add_race_arguments(parser, cap_s=600.0)
+    args = parser.parse_args(argv)
+    race = make_race(
+        args.race,
+        cap_s=args.max_seconds,
+        eval_every_s=args.eval_every_s,
+        epoch_steps=args.epoch_steps,
+        learning_starts=args.learning_starts,
+        eval_max_steps=args.eval_max_steps,
     )
-    parser.add_argument(
-        "--rllib-dqn-n-step", type=int, default=N_STEP, help="RLlib DQN's n (tuning)"
-    )
-    parser.add_argument("--name", default="minatar_race")
-    parser.add_argument("--out", type=Path, default=RESULTS)
-    args = parser.parse_args()
-    torch.set_num_threads(1)
-
-    env = f"minatar:{GAME}"
-    runs = race_each_in_fresh_ray(
-        [env], args.seeds, args.algos, lambda a, e, s: run_one(a, e, s, args)
-    )[env]
-    medians = {
-        name: median_or_none([run["seconds_to_target"] for run in runs[name]])
-        for name in args.algos
-    }
-    gorilas = [name for name in args.algos if name in GORILAS]
-    dqns = [name for name in args.algos if name not in GORILAS]
-    inf = float("inf")
-
-    def fastest(name: str) -> tuple[float, float]:
-        """Median time, then (among arms that never got there) the higher best return."""
-        return (medians[name] or inf, -max(best_return(run) or 0.0 for run in runs[name]))
-
-    best_gorila = min(gorilas, key=fastest, default=None)
-    best_dqn = min(dqns, key=fastest, default=None)
-    g = medians.get(best_gorila) if best_gorila else None
-    d = medians.get(best_dqn) if best_dqn else None
-    if g is not None and d is not None:
-        ratio, bound = g / d, "="
-    elif g is not None and best_dqn is not None:
-        ratio, bound = g / args.max_seconds, "<"  # no DQN got there within the cap
-    else:
-        ratio, bound = None, "n/a"
-    report = {
-        "benchmark": args.name,
-        "date": time.strftime("%Y-%m-%d %H:%M:%S"),
-        "machine": {"cpus": os.cpu_count(), "platform": platform.platform()},
-        "params": vars(args) | {"out": str(args.out), "env": env},
-        "runs": runs,
-        "summary": {
-            "median_s": medians,
-            "best_gorila": best_gorila,
-            "best_dqn": best_dqn,
-            "ratio": ratio,
-            "ratio_bound": bound,
-            "target_ratio": RATIO_TARGET,
-        },
-    }
-    rllib_dqn = (
-        f" (RLlib DQN: {args.rllib_dqn_replay} replay, {args.rllib_dqn_n_step}-step)"
-        if "dqn-rllib" in args.algos
-        else ""
-    )
-    lines = [
-        f"# MinAtar {GAME}: wall-clock to a greedy mean return of {args.target:g}",
-        "",
-        f"Seeds {args.seeds}; one DQN recipe (MinAtar network, Adam lr {args.lr:g}, batch "
-        f"{BATCH}, 3-step, {SAMPLES_PER_INSERT} replayed rows per inserted row, target every "
-        f"{TARGET_UPDATE_UPDATES} updates); GorilaDQN {args.runners} actors x "
-        f"{args.envs_per_runner} envs, DQN {args.dqn_envs} envs in the driver{rllib_dqn}; cap "
-        f"{args.max_seconds:.0f} s of training per run; {report['machine']['cpus']} CPUs, one "
-        f"run ({report['date']} UTC).",
-        "",
-        "| algorithm | seed | seconds to target | env steps | best test return |",
-        "|---|---:|---:|---:|---:|",
-    ]
-    for name in args.algos:
-        for run in runs[name]:
-            best = best_return(run)
-            lines.append(
-                f"| {name} | {run['seed']} | {fmt(run['seconds_to_target'])} | "
-                f"{run['env_steps']:,} | {best if best is None else round(best, 2)} |"
-            )
-    ratio_text = "n/a" if ratio is None else f"{bound} {ratio:.2f}"
-    lines += [
-        "",
-        "| " + " | ".join(f"{name} median" for name in args.algos) + " | ratio | target |",
-        "|" + "---:|" * (len(args.algos) + 2),
-        "| "
-        + " | ".join(fmt(medians[name]) for name in args.algos)
-        + f" | {ratio_text} ({best_gorila} vs {best_dqn}) | <= {RATIO_TARGET} |",
-        "",
-        "A median counts runs that never reached the target as infinitely slow; the ratio is the "
-        "faster GorilaDQN's median over the faster DQN's (bounded by the cap when no DQN got "
-        f"there). Curves: `{args.name}.png`.",
-    ]
-    write_results(args.out / args.name, report, lines)
-    plot(runs, args.out / f"{args.name}.png", args.target)
+    run_and_report(race, args)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,94 @@
+"""The README's and the benchmarks page's race tables (benchmarks/race_tables.py): generated from
+the committed reports, in sync with them, and saying which races are still running."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+import harness
+import race_tables
+
+
+def test_the_committed_tables_are_what_the_committed_reports_say():
+    for relative, text in race_tables.render().items():
+        assert (race_tables.ROOT / relative).read_text() == text, (
+            f"{relative}'s race tables are out of date: run python benchmarks/race_tables.py"
+        )
+
+
+def _noop(env, seed, cap_s, target):  # never run: the records below stand for its runs
+    raise AssertionError
+
+
+def _race(**changes) -> harness.Race:
+    fields = {
+        "name": "toy",
+        "title": "Toy race",
+        "envs": ("CartPole-v1",),
+        "target": 450.0,
+        "cap_s": 100.0,
+        "arms": (
+            harness.Arm("ours", _noop, "ours, tuned here"),
+            harness.Arm("theirs", _noop, "theirs, tuned here"),
+        ),
+        "baseline": "theirs",
+        "seeds": (0, 1, 2, 3),
+    }
+    return harness.Race(**{**fields, **changes})
+
+
+def _write_runs(folder: Path, race: harness.Race, seconds: dict[str, list[float | None]]) -> None:
+    """Run records as the runner keeps them: each arm reaches the target at the given training
+    seconds (None: never, the run ends at the cap)."""
+    for arm, times in seconds.items():
+        for seed, reached in enumerate(times):
+            end = race.cap_s if reached is None else reached
+            curve = [[end / 2, 1000, 100.0], [end, 2000, 100.0 if reached is None else 480.0]]
+            record = {"curve": curve, "cap_s": race.cap_s, "wall_seconds": 900.0}
+            path = harness.run_path(folder, race, "CartPole-v1", arm, seed)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(json.dumps(record))
+
+
+def test_a_finished_race_gets_a_headline_row_with_its_intervals(tmp_path):
+    race = _race()
+    _write_runs(tmp_path, race, {"ours": [10, 11, 12, 13], "theirs": [40, 42, None, 44]})
+    summary = harness.write_report(race, tmp_path)["CartPole-v1"]
+    (report,) = race_tables.load_reports(tmp_path)
+
+    (row,) = race_tables.headline([report]).splitlines()[2:]
+    ours, theirs = summary["ours"], summary["theirs"]
+    assert row.startswith("| toy | CartPole-v1 | ours | ")
+    assert f"{ours['iqm_s']:.3g} s [" in row and f"{theirs['iqm_s']:.3g} s [" in row
+    low, high = ours["ratio_interval"]
+    assert f"{ours['ratio_to_baseline']:.2f} [{low:.2f}, {high:.2f}]" in row
+    assert row.endswith("| yes | 8/8 |")  # every arm faster in every run: the interval < 1
+
+    section = race_tables.page([report])
+    assert "### Toy race" in section and "the runs took 2.0 h of wall time" in section
+    assert "| theirs | 3/4 |" in section  # one run of the baseline never reached the target
+    assert "- **ours**: ours, tuned here." in section
+
+
+def test_a_race_still_running_says_how_many_runs_are_in(tmp_path):
+    race = _race()
+    _write_runs(tmp_path, race, {"ours": [10, 11], "theirs": [40]})
+    harness.write_report(race, tmp_path)
+    (report,) = race_tables.load_reports(tmp_path)
+    assert race_tables.headline([report]).splitlines()[2].endswith("| 3/8 (running) |")
+    assert "still running: 3 of 8 runs in" in race_tables.page([report])
+
+
+def test_a_table_is_written_between_its_markers_and_nowhere_else():
+    begin, end = race_tables.begin("headline"), race_tables.end("headline")
+    text = f"intro\n{begin}\n\nold\n\n{end}\noutro\n"
+    assert race_tables.replace_block(text, "headline", "new\n") == (
+        f"intro\n{begin}\n\nnew\n\n{end}\noutro\n"
+    )
+    with pytest.raises(ValueError, match="expected one"):
+        race_tables.replace_block("no markers here", "headline", "new")
