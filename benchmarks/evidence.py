@@ -146,3 +146,38 @@ def survival_curve(
     share = 1.0 - np.arange(1, steps.size + 1) / array.size
     t = np.concatenate([[0.0], steps, [cap]])
     return t, np.concatenate([[1.0], share, [share[-1] if share.size else 1.0]])
+
+
+@dataclass(frozen=True)
+class Retention:
+    """What a run kept after it first reached the target: of its ``later`` evaluations after
+    that one, ``kept`` were at or above the keep line; ``worst`` is the lowest of them."""
+
+    later: int
+    kept: int
+    worst: float
+
+
+def keep_line(target: float, keep: float = 0.8) -> float:
+    """The return a kept evaluation reaches: ``keep`` of the target (for a negative target, as
+    Acrobot's -100, the target less ``1 - keep`` of its size: -120)."""
+    if not 0.0 < keep <= 1.0:
+        raise ValueError(f"keep must be in (0, 1], got {keep!r}")
+    return target - (1.0 - keep) * abs(target)
+
+
+def retention(
+    curve: Sequence[tuple[float, float]], target: float, cap: float, keep: float = 0.8
+) -> Retention | None:
+    """After a run's first evaluation at the target (``curve``: ``(training time, greedy
+    return)`` points, as :func:`time_to_target` reads them), how many of its later evaluations
+    within ``cap`` stay at or above :func:`keep_line`, and the worst of them; ``None`` when the
+    run never reached the target or was never evaluated after it did."""
+    first, reached = time_to_target(curve, target, cap)
+    if not reached:
+        return None
+    line = keep_line(target, keep)
+    later = [value for time, value in curve if first < time <= cap]
+    if not later:
+        return None
+    return Retention(len(later), sum(value >= line for value in later), float(min(later)))

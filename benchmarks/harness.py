@@ -20,7 +20,9 @@ ratio to the baseline and its probability of improvement: :mod:`evidence`), and
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
+import math
 import multiprocessing
 import os
 import platform
@@ -77,7 +79,11 @@ class Arm:
 @dataclass(frozen=True)
 class Race:
     """What a race is: ``arms`` on each of ``envs``, ``seeds`` each, to ``target`` within
-    ``cap_s`` training seconds; ratios are against ``baseline`` (an arm's name)."""
+    ``cap_s`` training seconds; ratios are against ``baseline`` (an arm's name).
+
+    With ``retention``, every run goes on past the target to its cap (its arm is given an
+    unreachable target) and the report adds what each arm kept after it first reached the
+    target (:func:`evidence.retention`): a race of its own (see :func:`retention_race`)."""
 
     name: str
     title: str
@@ -90,6 +96,7 @@ class Race:
     metric: str = "greedy return (10 episodes)"
     ray_cpus: int = 2
     notes: tuple[str, ...] = field(default_factory=tuple)
+    retention: bool = False
 
     def __post_init__(self) -> None:
         names = [arm.name for arm in self.arms]
@@ -104,11 +111,24 @@ class Race:
         if not (self.cap_s > 0):
             raise ValueError(f"race {self.name!r}: cap_s must be > 0, got {self.cap_s!r}")
 
+    @property
+    def stop_at(self) -> float:
+        """The target the arms are given: the race's, or none they can reach (``retention``)."""
+        return math.inf if self.retention else self.target
+
     def arm(self, name: str) -> Arm:
         for arm in self.arms:
             if arm.name == name:
                 return arm
         raise ValueError(f"race {self.name!r} has no arm {name!r}: {[a.name for a in self.arms]}")
+
+
+def retention_race(race: Race) -> Race:
+    """``race`` run past its target to the cap, reporting retention: its runs and report under
+    ``<race>_retention`` (the runs of the race itself stop at the target)."""
+    if race.retention:
+        return race
+    return dataclasses.replace(race, name=f"{race.name}_retention", retention=True)
 
 
 def run_path(results: Path, race: Race, env: str, arm: str, seed: int) -> Path:
@@ -175,7 +195,7 @@ def run_one(race: Race, arm: Arm, env: str, seed: int, cap_s: float, path: Path)
     scratch.unlink(missing_ok=True)
     process = multiprocessing.get_context("spawn").Process(
         target=_child,
-        args=(arm, env, seed, cap_s, race.target, race.ray_cpus, str(scratch)),
+        args=(arm, env, seed, cap_s, race.stop_at, race.ray_cpus, str(scratch)),
         daemon=False,
     )
     process.start()
@@ -298,6 +318,8 @@ def summarize(race: Race, results: Path) -> dict:
                 "iqm_s": estimate.value,
                 "iqm_interval_s": [estimate.low, estimate.high],
             }
+            if race.retention:
+                arms[name]["retention"] = _retention(records, race.target, cap)
         for name in arms:
             if name == race.baseline or race.baseline not in times:
                 continue
@@ -310,6 +332,40 @@ def summarize(race: Race, results: Path) -> dict:
             )
         summary[env] = arms
     return summary
+
+
+def _retention(records: list[dict], target: float, cap: float) -> dict:
+    """What an arm's runs kept after they first reached the target, pooled over the runs: the
+    share of their later evaluations at or above the keep line, and the worst of them."""
+    kept = [evidence.retention(_curve(r), target, cap) for r in records]
+    kept = [k for k in kept if k is not None]
+    later = sum(k.later for k in kept)
+    return {
+        "runs": len(kept),
+        "later_evaluations": later,
+        "kept": sum(k.kept for k in kept),
+        "share": sum(k.kept for k in kept) / later if later else None,
+        "worst": min((k.worst for k in kept), default=None),
+        "keep_line": evidence.keep_line(target),
+    }
+
+
+def retention_table(arms: dict) -> list[str]:
+    """The markdown table of one env's retention (a ``retention`` race's summary)."""
+    lines = [
+        "| arm | runs that reached | evaluations after the target | kept (>= 80 % of the "
+        "target) | worst |",
+        "|---|---|---|---|---|",
+    ]
+    for name, arm in arms.items():
+        kept = arm["retention"]
+        share = "n/a" if kept["share"] is None else f"{kept['share']:.0%}"
+        worst = "n/a" if kept["worst"] is None else f"{kept['worst']:.3g}"
+        lines.append(
+            f"| {name} | {kept['runs']}/{arm['runs']} | {kept['later_evaluations']} | {share} "
+            f"| {worst} |"
+        )
+    return lines
 
 
 def markdown(race: Race, summary: dict) -> str:
@@ -327,6 +383,14 @@ def markdown(race: Race, summary: dict) -> str:
     ]
     for env, arms in summary.items():
         lines += [f"## {env}", "", *env_table(arms, race.baseline), ""]
+        if race.retention:
+            lines += [
+                "After the target (every run went on to its cap): the evaluations after each "
+                "run's first at the target, pooled over the runs.",
+                "",
+                *retention_table(arms),
+                "",
+            ]
     lines += ["## Arms", ""]
     for arm in race.arms:
         settings = arm_settings(arm)
@@ -440,6 +504,7 @@ def write_report(race: Race, results: Path) -> dict:
         "envs": list(race.envs),
         "seeds": list(race.seeds),
         "cap_s": race.cap_s,
+        "retention": race.retention,
         "notes": list(race.notes),
         "arms": {arm.name: arm.note for arm in race.arms},
         "arm_settings": {arm.name: arm_settings(arm) for arm in race.arms},
@@ -457,12 +522,17 @@ def add_race_arguments(
 ) -> None:
     """The options every race script takes: ``--seeds``, ``--envs`` (one of ``envs`` where
     given), ``--arms``, ``--max-seconds`` (the cap, ``cap_s`` by default), ``--report-only``,
-    ``--out``."""
+    ``--retention`` (the race run past its target: :func:`retention_race`), ``--out``."""
     parser.add_argument("--seeds", type=int, nargs="+", default=None, help="default: the race's")
     parser.add_argument("--arms", nargs="+", default=None, help="default: all the race's")
     parser.add_argument("--envs", nargs="+", choices=envs, default=None, help="default: the race's")
     parser.add_argument("--max-seconds", type=float, default=cap_s, help="cap, training s")
     parser.add_argument("--report-only", action="store_true", help="write the report, run none")
+    parser.add_argument(
+        "--retention",
+        action="store_true",
+        help="run past the target to the cap and report what each arm kept (race <name>_retention)",
+    )
     parser.add_argument(
         "--out", type=Path, default=RESULTS, help="runs and reports go to OUT/races"
     )
@@ -472,6 +542,8 @@ def run_and_report(race: Race, args: argparse.Namespace) -> dict:
     """What a race script does with the options of :func:`add_race_arguments`: the runs not
     finished yet (none with ``--report-only``), then the report, printed; returns the summary."""
     results = args.out / "races"
+    if args.retention:
+        race = retention_race(race)
     if not args.report_only:
         run_race(race, results, seeds=args.seeds, arms=args.arms)
     summary = write_report(race, results)

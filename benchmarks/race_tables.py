@@ -9,7 +9,8 @@ Each table sits between two marker comments; this script rewrites what is betwee
 
 The README's table has one row per race, env and arm against the race's baseline; a race whose
 runs are not all in yet says how many are. The benchmarks page has each race's full table (every
-arm), what its runs cost in wall time, and its arms' notes.
+arm), what its runs cost in wall time, its arms' notes, and for a race run past its target
+(``--retention``) what each arm kept after it.
 """
 
 from __future__ import annotations
@@ -85,6 +86,8 @@ def headline(reports: list[dict]) -> str:
         "|---|---|---|---|---|---|---|---|---|",
     ]
     for report in reports:
+        if report.get("retention"):
+            continue  # the benchmarks page has it
         done, wanted = runs_done(report)
         runs = f"{done}/{wanted}" + ("" if done >= wanted else " (running)")
         baseline = report["baseline"]
@@ -123,6 +126,14 @@ def page(reports: list[dict]) -> str:
         ]
         for env, arms in report["summary"].items():
             lines += [f"**{env}**", "", *harness.env_table(arms, report["baseline"]), ""]
+            if report.get("retention"):
+                lines += [
+                    "After the target (every run went on to its cap; evaluations after each "
+                    "run's first at the target, pooled):",
+                    "",
+                    *harness.retention_table(arms),
+                    "",
+                ]
         lines += [f"- **{name}**: {note}." for name, note in report["arms"].items()]
         lines += [f"- {note}" for note in report.get("notes", [])]
         lines.append("")

@@ -31,11 +31,9 @@ import json
 import os
 import platform
 import time
-from collections.abc import Callable
 from functools import partial
 from types import SimpleNamespace
 
-import gymnasium as gym
 import numpy as np
 import ray
 import torch
@@ -48,23 +46,19 @@ from tianshou.algorithm.optim import AdamOptimizerFactory
 from tianshou.data import Collector, VectorReplayBuffer
 from tianshou.env import DummyVectorEnv, SubprocVectorEnv
 from tianshou.utils.net.common import Net
-from tianshou_race import RunClock, test_collector, train_until_target
+from tianshou_race import (
+    ACTOR_TIMEOUT_S,
+    ENV_FACTORIES,
+    ENVS,
+    RunClock,
+    cartpole,
+    test_collector,
+    train_until_target,
+)
 
 from tianshou_plugins import DistributedPrioritizedReplayBuffer, GorilaCollector, GorilaDQN
 
-ENVS = ("CartPole-v1", "SlowCartPole-v1")
 THROUGHPUT_TARGET = 0.8  # N actors collect at least 0.8 x N times what one does
-ACTOR_TIMEOUT_S = 300.0  # actor start-up (not timed) is slow on a busy 2-core machine
-
-
-def cartpole() -> gym.Env:
-    return gym.make("CartPole-v1")
-
-
-ENV_FACTORIES: dict[str, Callable[[], gym.Env]] = {
-    "CartPole-v1": cartpole,
-    "SlowCartPole-v1": slow_cartpole,
-}
 
 
 def make_policy(seed: int, eps_training: float = 0.0) -> DiscreteQLearningPolicy:

@@ -10,16 +10,31 @@ from __future__ import annotations
 
 import contextlib
 import time
+from collections.abc import Callable
 from typing import Any
 
 import gymnasium as gym
 from race import TARGET
+from slow_env import slow_cartpole
 from tianshou.algorithm.algorithm_base import Policy
 from tianshou.data import Collector
 from tianshou.env import DummyVectorEnv
 from tianshou.trainer import OffPolicyTrainerParams, OnPolicyTrainerParams
 
 TEST_EPISODES = 10
+#: the CartPole races' envs: CartPole-v1, and the same with 2 ms of latency per step
+ENVS = ("CartPole-v1", "SlowCartPole-v1")
+ACTOR_TIMEOUT_S = 300.0  # actor start-up (not timed) is slow on a busy 2-core machine
+
+
+def cartpole() -> gym.Env:
+    return gym.make("CartPole-v1")
+
+
+ENV_FACTORIES: dict[str, Callable[[], gym.Env]] = {
+    "CartPole-v1": cartpole,
+    "SlowCartPole-v1": slow_cartpole,
+}
 
 
 class _TimeCapReached(Exception):

@@ -34,16 +34,13 @@ under ``<--out>/races/`` and skipped when the script runs again. The report is
 from __future__ import annotations
 
 import argparse
-from collections.abc import Callable
 from functools import partial
 from types import SimpleNamespace
 
-import gymnasium as gym
 import numpy as np
 import torch
 from harness import Arm, Race, add_race_arguments, run_and_report
 from race import TARGET
-from slow_env import slow_cartpole
 from tianshou.algorithm import A2C, PPO
 from tianshou.algorithm.modelfree.reinforce import ProbabilisticActorPolicy
 from tianshou.algorithm.optim import AdamOptimizerFactory
@@ -51,22 +48,17 @@ from tianshou.data import Collector, VectorReplayBuffer
 from tianshou.env import DummyVectorEnv, SubprocVectorEnv
 from tianshou.utils.net.common import Net
 from tianshou.utils.net.discrete import DiscreteActor, DiscreteCritic
-from tianshou_race import RunClock, test_collector, train_until_target
+from tianshou_race import (
+    ACTOR_TIMEOUT_S,
+    ENV_FACTORIES,
+    ENVS,
+    RunClock,
+    cartpole,
+    test_collector,
+    train_until_target,
+)
 
 from tianshou_plugins import CentralInference, VTrace, VTraceCollector, categorical_from_logits
-
-ENVS = ("CartPole-v1", "SlowCartPole-v1")
-ACTOR_TIMEOUT_S = 300.0  # actor start-up (not timed) is slow on a busy 2-core machine
-
-
-def cartpole() -> gym.Env:
-    return gym.make("CartPole-v1")
-
-
-ENV_FACTORIES: dict[str, Callable[[], gym.Env]] = {
-    "CartPole-v1": cartpole,
-    "SlowCartPole-v1": slow_cartpole,
-}
 
 #: VTrace's settings in the race. The learner: 4 passes in steps of 128 at lr 3e-4, tried
 #: against 1 x 512 at 1e-3 (the example's: medians 7 s / 27 s on CartPole / the 2 ms one),

@@ -151,3 +151,24 @@ def test_the_survival_curve_steps_down_at_each_run_that_reached_and_keeps_the_re
 def test_bad_input_raises_a_clear_error(call, match):
     with pytest.raises(ValueError, match=match):
         call()
+
+
+def test_retention_counts_the_evaluations_after_the_first_at_the_target():
+    curve = [(1, 100), (2, 460), (3, 500), (4, 300), (5, 360), (6, 450), (7, 20)]
+    kept = evidence.retention(curve, target=450, cap=6.5)
+    # after t=2: 500, 300, 360, 450 (t=7 is past the cap); the keep line is 0.8 x 450 = 360
+    assert kept == evidence.Retention(later=4, kept=3, worst=300.0)
+    naive = [v for t, v in curve if 2 < t <= 6.5]
+    assert kept.kept == sum(v >= 360 for v in naive) and kept.worst == min(naive)
+
+
+def test_retention_is_none_without_a_target_or_a_later_evaluation():
+    assert evidence.retention([(1, 100), (2, 200)], target=450, cap=10) is None
+    assert evidence.retention([(1, 100), (2, 500)], target=450, cap=10) is None
+
+
+def test_the_keep_line_of_a_negative_target_lies_below_it():
+    assert evidence.keep_line(450.0) == pytest.approx(360.0)
+    assert evidence.keep_line(-100.0) == pytest.approx(-120.0)
+    with pytest.raises(ValueError, match="keep must be in"):
+        evidence.keep_line(450.0, keep=0.0)

@@ -84,7 +84,7 @@ SCRIPTS: dict[str, tuple[str, float]] = {
     "test_rllib_gorila_vs_dqn_bench_writes_json_and_table": (
         (
             "benchmarks/rllib_gorila_vs_dqn.py --seeds 0 --envs SlowCartPole-v1 --max-seconds "
-            "4 --eval-every-s 2 --out {out}"
+            "4 --eval-every-s 2 --retention --out {out}"
         ),
         400,  # two runs in processes of their own, each importing RLlib and torch
     ),
@@ -364,21 +364,26 @@ def test_tianshou_gorila_vs_dqn_bench_writes_json_and_table(out_dir):
 
 @pytest.mark.long  # a race: several arms, each its own Ray session (see module doc)
 def test_rllib_gorila_vs_dqn_bench_writes_json_and_table(out_dir):
-    """The race on the harness, one seed of each arm on the 2 ms CartPole (GorilaDQN in its slow
-    env layout, its ray actors fed SlowCartPole by value): every run's curve is kept, evaluated
-    on plain CartPole-v1, and the report has GorilaDQN's ratio to DQN."""
-    report = json.loads((out_dir / "races" / "rllib_gorila_vs_dqn.json").read_text())
+    """The race run past its target (``--retention``), one seed of each arm on the 2 ms CartPole
+    (GorilaDQN in its slow env layout, its Ray actors fed SlowCartPole by value): every run goes
+    on to its cap with 10-episode evaluations on plain CartPole-v1, and the report has GorilaDQN's
+    ratio to DQN and each arm's retention."""
+    report = json.loads((out_dir / "races" / "rllib_gorila_vs_dqn_retention.json").read_text())
+    assert report["retention"] and not (out_dir / "races" / "rllib_gorila_vs_dqn.json").exists()
     runs = report["runs"]["SlowCartPole-v1"]
     for arm in ("GorilaDQN", "DQN"):
         (run,) = runs[arm]
         assert run["env_steps"] > 0 and run["curve"], run
         assert all(point[0] <= run["trained_seconds"] + 1e-6 for point in run["curve"])
+        assert run["trained_seconds"] >= 4.0  # not stopped at a target
         assert run["machine_pace_s"] > 0
     assert runs["GorilaDQN"][0]["arm_settings"]["slow_runners"] == 4
     summary = report["summary"]["SlowCartPole-v1"]
     assert summary["GorilaDQN"]["runs"] == summary["DQN"]["runs"] == 1
     assert "ratio_interval" in summary["GorilaDQN"]
-    assert "| GorilaDQN | " in (out_dir / "races" / "rllib_gorila_vs_dqn.md").read_text()
+    assert summary["GorilaDQN"]["retention"]["keep_line"] == 360.0
+    table = (out_dir / "races" / "rllib_gorila_vs_dqn_retention.md").read_text()
+    assert "| GorilaDQN | " in table and "After the target" in table
 
 
 @pytest.mark.long  # a race: several arms, each its own Ray session (see module doc)

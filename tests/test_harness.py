@@ -192,3 +192,39 @@ def test_runs_of_other_settings_are_not_mixed_into_a_race(tmp_path):
 
 def random_policy_capped(env: str, seed: int, cap_s: float, target: float, depth: int) -> dict:
     return _train(env, seed, cap_s, target, search=False)
+
+
+def test_a_retention_race_runs_past_the_target_and_reports_what_each_arm_kept(tmp_path):
+    the_race = harness.retention_race(race(seeds=(1,)))
+    assert the_race.name == "tiny_race_retention" and harness.retention_race(the_race) is the_race
+    records = harness.run_race(the_race, tmp_path, log=lambda line: None)
+    assert all("error" not in r for r in records), records
+    for record in records:  # nobody stopped at the target: every run went on to its cap
+        assert record["curve"][-1][0] >= 1.5 - 0.1, record["curve"][-3:]
+    assert harness.run_path(tmp_path, the_race, "CartPole-v1", "search", 1).exists()
+
+    summary = harness.write_report(the_race, tmp_path)["CartPole-v1"]
+    search, random = summary["search"], summary["random"]
+    assert search["reached"] == 1 and random["reached"] == 0
+    # pooled from the curves, as written from the definition
+    later = kept = 0
+    for record in records:
+        if record["arm"] != "search":
+            continue
+        points = [(p[0], p[2]) for p in record["curve"]]
+        first = next(t for t, v in points if v >= 200.0)
+        after = [v for t, v in points if first < t <= 1.5]
+        later, kept = later + len(after), kept + sum(v >= 160.0 for v in after)
+    assert search["retention"]["later_evaluations"] == later > 0
+    assert search["retention"]["kept"] == kept
+    assert search["retention"]["share"] == pytest.approx(kept / later)
+    assert random["retention"] == {
+        "runs": 0,
+        "later_evaluations": 0,
+        "kept": 0,
+        "share": None,
+        "worst": None,
+        "keep_line": 160.0,
+    }
+    table = (tmp_path / "tiny_race_retention.md").read_text()
+    assert "| random | 0/1 | 0 | n/a | n/a |" in table

@@ -92,3 +92,22 @@ def test_a_table_is_written_between_its_markers_and_nowhere_else():
     )
     with pytest.raises(ValueError, match="expected one"):
         race_tables.replace_block("no markers here", "headline", "new")
+
+
+def test_a_retention_race_shows_what_each_arm_kept_on_the_page_only(tmp_path):
+    race = harness.retention_race(_race(seeds=(0,)))
+    curves = {
+        "ours": [[10, 1, 460.0], [20, 2, 500.0], [30, 3, 200.0], [40, 4, 470.0]],
+        "theirs": [[50, 1, 100.0], [100, 2, 300.0]],
+    }
+    for arm, curve in curves.items():
+        path = harness.run_path(tmp_path, race, "CartPole-v1", arm, 0)
+        path.parent.mkdir(parents=True)
+        path.write_text(json.dumps({"curve": curve, "cap_s": 100.0, "wall_seconds": 100.0}))
+    harness.write_report(race, tmp_path)
+    (report,) = race_tables.load_reports(tmp_path)
+    section = race_tables.page([report])
+    # ours: after its first 460 at 10 s, 500, 200 and 470: two of three at >= 360, worst 200
+    assert "| ours | 1/1 | 3 | 67% | 200 |" in section
+    assert "| theirs | 0/1 | 0 | n/a | n/a |" in section
+    assert race_tables.headline([report]).splitlines()[2:] == []
