@@ -313,6 +313,7 @@ def summarize(race: Race, results: Path) -> dict:
             arms[name] = {
                 "runs": len(records),
                 "reached": sum(hit for _, hit in outcomes),
+                "reached_runs": [hit for _, hit in outcomes],
                 "cap_s": cap,
                 "times_s": [round(t, 2) for t in times[name]],
                 "iqm_s": estimate.value,
@@ -468,9 +469,7 @@ def plot(race: Race, results: Path, summary: dict, path: Path) -> None:
                 (line,) = axes[row][col].plot(grid, mid, label=name)
                 axes[row][col].fill_between(grid, low, high, alpha=0.2, color=line.get_color())
             arm = summary[env][name]
-            hits = [
-                evidence.time_to_target(_curve(r), race.target, arm["cap_s"])[1] for r in records
-            ]
+            hits = arm["reached_runs"]
             t, share = evidence.survival_curve(arm["times_s"], hits, arm["cap_s"])
             axes[row][2].step(t, share, where="post", label=f"{name} ({sum(hits)}/{len(hits)})")
         axes[row][0].set_xlabel("training seconds")

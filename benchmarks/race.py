@@ -1,4 +1,6 @@
-"""What the wall-clock-to-target benchmarks share: the RLlib race loop and the summaries.
+"""What the races' RLlib arms share: the run of one arm (build, await start-up, train until the
+target or the cap with greedy evaluations outside the clock) and the CartPole target; and the
+fresh-Ray loop of the env-steps measurement (``gorila_adapters_env_steps.py``).
 
 Imported by the benchmark scripts (their folder is on ``sys.path`` when they run).
 """
@@ -6,7 +8,6 @@ Imported by the benchmark scripts (their folder is on ``sys.path`` when they run
 from __future__ import annotations
 
 import math
-import statistics
 import time
 from collections.abc import Callable
 from typing import Any
@@ -172,14 +173,3 @@ def rllib_race_run(
         # a run past the target (a retention race) is evaluated on 10 episodes every time
         screen_episodes=2 if math.isfinite(target) else 10,
     )
-
-
-def median_or_none(values: list[float | None]) -> float | None:
-    """Median, counting runs that never reached the target as +inf (None if most did not)."""
-    finite = sorted(float("inf") if v is None else v for v in values)
-    med = statistics.median(finite)
-    return None if med == float("inf") else med
-
-
-def fmt_seconds(value: float | None) -> str:
-    return "not reached" if value is None else f"{value:.0f} s"
