@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 import numbers
+import os
 import sys
 from collections.abc import Iterable
 from typing import Any
@@ -72,3 +74,25 @@ def check_setting_names(owner: str, given: Iterable[str], allowed: Iterable[str]
             f"{owner} has no setting {', '.join(map(repr, unknown))}; it takes "
             f"{', '.join(sorted(allowed))}"
         )
+
+
+#: the environment variable that sets a floor under every wait for Ray actors to start
+START_TIMEOUT_ENV = "RL_DIST_EXT_START_TIMEOUT_S"
+
+
+def start_timeout_s(configured: float) -> float:
+    """How long to wait for actors (collector actors, replay shards) to start: ``configured``,
+    or the seconds in ``RL_DIST_EXT_START_TIMEOUT_S`` where that is longer (for a machine where
+    starting a process can take minutes, a small one under load, without changing the code)."""
+    raw = os.environ.get(START_TIMEOUT_ENV, "").strip()
+    if not raw:
+        return configured
+    try:
+        floor = float(raw)
+    except ValueError:
+        floor = math.nan
+    if not (math.isfinite(floor) and floor > 0):
+        raise ValueError(
+            f"{START_TIMEOUT_ENV}={raw!r}: give a number of seconds > 0, or leave it unset"
+        )
+    return max(configured, floor)

@@ -63,6 +63,13 @@ PRELOAD = ("numpy", "torch", "gymnasium", "ray", "matplotlib.pyplot")
 #: past their 120 s start timeout in a busy stretch cost its test a 35 s foreground rerun)
 BACKGROUND_TRIES = 2
 
+#: How long a run's code waits for its Ray actors to start (``rl_dist_ext``'s floor under every
+#: such wait, ``RL_DIST_EXT_START_TIMEOUT_S``): a run in the background starts its actors at the
+#: idle priority, where a busy stretch of the session starved them past the code's own 120 s in
+#: 5 runs of one CI session, each then run again; the run's own time limit still bounds it once
+#: its test waits
+START_TIMEOUT_S = 1800
+
 #: The runs' niceness (19: the lowest priority; a nice-0 process gets ~68x the CPU of one)
 NICE = 19
 
@@ -403,7 +410,11 @@ class ScriptPool:
         # RAY_ADDRESS=local: a script's ray.init() starts its own Ray even if a test's
         # ray.cluster_utils.Cluster runs meanwhile (it registers itself as this machine's
         # cluster, and a plain ray.init() would join it)
-        env = {**os.environ, "RAY_ADDRESS": "local"}
+        env = {
+            **os.environ,
+            "RAY_ADDRESS": "local",
+            "RL_DIST_EXT_START_TIMEOUT_S": str(START_TIMEOUT_S),
+        }
         args = [str(a) for a in args]
         cwd = cwd or self.cwd
         deadline = Deadline(timeout)

@@ -105,3 +105,19 @@ def test_a_hostile_vtrace_setting_is_taken_or_refused_by_name_on_validate(name, 
         config.training(**{name: value}).validate()
     except (ValueError, TypeError) as error:
         assert mentions(str(error), name), f"training({name}={value!r}) raised {error!r}"
+
+
+def test_the_environment_can_only_lengthen_the_wait_for_actors_to_start(monkeypatch):
+    from rl_dist_ext.validation import START_TIMEOUT_ENV, start_timeout_s
+
+    monkeypatch.delenv(START_TIMEOUT_ENV, raising=False)
+    assert start_timeout_s(120.0) == 120.0
+    monkeypatch.setenv(START_TIMEOUT_ENV, "600")
+    assert start_timeout_s(120.0) == 600.0
+    assert start_timeout_s(900.0) == 900.0  # a floor: a longer configured wait stands
+    monkeypatch.setenv(START_TIMEOUT_ENV, " ")
+    assert start_timeout_s(120.0) == 120.0
+    for bad in ("soon", "0", "-5", "nan", "inf"):
+        monkeypatch.setenv(START_TIMEOUT_ENV, bad)
+        with pytest.raises(ValueError, match=rf"RL_DIST_EXT_START_TIMEOUT_S='{bad}': give a"):
+            start_timeout_s(120.0)

@@ -8,7 +8,7 @@ import time
 from pathlib import Path
 
 import pytest
-from script_pool import NICE, ScriptPool
+from script_pool import NICE, START_TIMEOUT_S, ScriptPool
 
 pytestmark = pytest.mark.subprocess
 
@@ -30,11 +30,17 @@ def pool(tmp_path_factory):
 def test_runs_at_low_priority_with_their_own_argv_and_folder(pool, tmp_path):
     folder = tmp_path / "run"
     folder.mkdir()
-    code = "import os, sys\nprint(os.nice(0), sys.argv[1:], os.getcwd())\n"
+    code = (
+        "import os, sys\n"
+        "from rl_dist_ext.validation import start_timeout_s\n"
+        "print(os.nice(0), sys.argv[1:], os.getcwd(), start_timeout_s(120.0))\n"
+    )
     pool.submit("show", [script(tmp_path, "show.py", code), "--flag", "1"], cwd=folder)
     output = pool.output("show")
     assert int(output.split()[0]) == min(os.nice(0) + NICE, 19)
     assert "['--flag', '1']" in output and str(folder) in output
+    # a run's actors may take as long to start as the idle priority makes them
+    assert output.split()[-1] == f"{float(START_TIMEOUT_S)}"
 
 
 def test_the_time_limit_counts_from_when_a_test_waits(pool, tmp_path):

@@ -37,7 +37,7 @@ from tianshou.data.collector import BaseCollector, CollectStats
 
 from rl_dist_ext.actor_pool import ActorPool
 from rl_dist_ext.params import PolicyLag, policy_lag
-from rl_dist_ext.validation import check_int, check_real, with_settings
+from rl_dist_ext.validation import check_int, check_real, start_timeout_s, with_settings
 from rl_dist_ext.weight_compression import check_encoding
 from tianshou_plugins.central_inference import CentralInference, Kind, TianshouPolicyFactory
 
@@ -506,8 +506,11 @@ def check_cpus(owner: str, wanted: float) -> None:
 
 
 def wait_ready(handles: list, timeout_s: float, owner: str) -> None:
+    """Wait until every actor answers, up to ``timeout_s`` each (or the longer floor the
+    environment sets: :func:`rl_dist_ext.validation.start_timeout_s`)."""
     import ray
 
+    timeout_s = start_timeout_s(timeout_s)
     refs = [h.ready.remote() for h in handles]
     for index, ref in enumerate(refs):
         try:

@@ -25,7 +25,7 @@ from rl_dist_ext.replay.distributed.stats import ReplayStats
 from rl_dist_ext.replay.prioritized import ReplaySample
 from rl_dist_ext.replay.shard import ShardStatus
 from rl_dist_ext.replay.storage import check_batch, check_priorities
-from rl_dist_ext.validation import check_int
+from rl_dist_ext.validation import check_int, start_timeout_s
 
 log = logging.getLogger(__name__)
 
@@ -76,9 +76,10 @@ class DistributedReplay:
             self.wait_until_started()
 
     def wait_until_started(self) -> None:
-        """Wait until every shard answers (up to ``config.start_timeout_s``, then
+        """Wait until every shard answers (up to ``config.start_timeout_s``, or the longer floor
+        the environment sets, :func:`~rl_dist_ext.validation.start_timeout_s`; then
         :class:`ReplayTimeout`)."""
-        self.refresh(timeout_s=self._config.start_timeout_s)
+        self.refresh(timeout_s=start_timeout_s(self._config.start_timeout_s))
 
     # ---- pickling: handles and config only ----------------------------------------------------
     def __reduce__(self):
