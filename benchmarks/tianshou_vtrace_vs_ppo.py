@@ -46,8 +46,7 @@ from tianshou.algorithm.modelfree.reinforce import ProbabilisticActorPolicy
 from tianshou.algorithm.optim import AdamOptimizerFactory
 from tianshou.data import Collector, VectorReplayBuffer
 from tianshou.env import DummyVectorEnv, SubprocVectorEnv
-from tianshou.utils.net.common import Net
-from tianshou.utils.net.discrete import DiscreteActor, DiscreteCritic
+from tianshou.utils.net.discrete import DiscreteCritic
 from tianshou_race import (
     ACTOR_TIMEOUT_S,
     ENV_FACTORIES,
@@ -58,7 +57,7 @@ from tianshou_race import (
     train_until_target,
 )
 
-from tianshou_plugins import CentralInference, VTrace, VTraceCollector, categorical_from_logits
+from tianshou_plugins import CentralInference, VTrace, VTraceCollector, mlp_actor_critic
 
 #: VTrace's settings in the race. The learner: 4 passes in steps of 128 at lr 3e-4, tried
 #: against 1 x 512 at 1e-3 (the example's: medians 7 s / 27 s on CartPole / the 2 ms one),
@@ -100,26 +99,11 @@ LAYOUT_CHOICES = ("dummy:8", "subproc:8", "subproc:16")
 
 
 def actor_critic(seed: int) -> tuple[ProbabilisticActorPolicy, DiscreteCritic]:
+    """Every arm's networks: a 64-64 MLP actor (logits) and a 64-64 MLP critic."""
     torch.manual_seed(seed)
     np.random.seed(seed)
     env = cartpole()
-    actor = DiscreteActor(
-        preprocess_net=Net(state_shape=env.observation_space.shape, hidden_sizes=[64, 64]),
-        action_shape=env.action_space.n,
-        softmax_output=False,
-    )
-    critic = DiscreteCritic(
-        preprocess_net=Net(state_shape=env.observation_space.shape, hidden_sizes=[64, 64])
-    )
-    policy = ProbabilisticActorPolicy(
-        actor=actor,
-        dist_fn=categorical_from_logits,
-        action_space=env.action_space,
-        observation_space=env.observation_space,
-        action_scaling=False,
-        action_bound_method=None,
-        deterministic_eval=True,
-    )
+    policy, critic = mlp_actor_critic(env.observation_space, env.action_space, (64, 64))
     env.close()
     return policy, critic
 

@@ -28,11 +28,8 @@ import numpy as np
 import ray
 import torch
 from ray_cluster import add_address_argument, start_ray
-from tianshou.algorithm.modelfree.reinforce import ProbabilisticActorPolicy
 from tianshou.algorithm.optim import AdamOptimizerFactory
 from tianshou.trainer import OnPolicyTrainerParams
-from tianshou.utils.net.common import Net
-from tianshou.utils.net.discrete import DiscreteActor, DiscreteCritic
 from tianshou_progress import (
     CurveLogger,
     final_greedy_return,
@@ -43,7 +40,7 @@ from tianshou_progress import (
 from torch.utils.tensorboard import SummaryWriter
 from tqdm.contrib.logging import logging_redirect_tqdm
 
-from tianshou_plugins import CentralInference, VTrace, VTraceCollector, categorical_from_logits
+from tianshou_plugins import CentralInference, VTrace, VTraceCollector, mlp_actor_critic
 
 log = logging.getLogger("tianshou_vtrace_cartpole")
 
@@ -56,23 +53,7 @@ def make_env() -> gym.Env:
 
 def make_algorithm(env: gym.Env, *, lr: float) -> VTrace:
     """A discrete actor (logits) and a critic, each a 64-64 MLP, trained with V-trace."""
-    actor = DiscreteActor(
-        preprocess_net=Net(state_shape=env.observation_space.shape, hidden_sizes=[64, 64]),
-        action_shape=env.action_space.n,
-        softmax_output=False,
-    )
-    critic = DiscreteCritic(
-        preprocess_net=Net(state_shape=env.observation_space.shape, hidden_sizes=[64, 64])
-    )
-    policy = ProbabilisticActorPolicy(
-        actor=actor,
-        dist_fn=categorical_from_logits,
-        action_scaling=False,
-        action_bound_method=None,
-        action_space=env.action_space,
-        observation_space=env.observation_space,
-        deterministic_eval=True,  # greedy tests
-    )
+    policy, critic = mlp_actor_critic(env.observation_space, env.action_space, (64, 64))
     return VTrace(
         policy=policy,
         critic=critic,

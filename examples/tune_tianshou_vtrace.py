@@ -49,38 +49,22 @@ def train_vtrace(config: dict) -> None:
     epoch."""
     import gymnasium as gym
     import torch
-    from tianshou.algorithm.modelfree.reinforce import ProbabilisticActorPolicy
     from tianshou.algorithm.optim import AdamOptimizerFactory
     from tianshou.data import Collector
     from tianshou.env import DummyVectorEnv
     from tianshou.trainer import OnPolicyTrainerParams
-    from tianshou.utils.net.common import Net
-    from tianshou.utils.net.discrete import DiscreteActor, DiscreteCritic
 
-    from tianshou_plugins import VTrace, VTraceCollector, categorical_from_logits
+    from tianshou_plugins import VTrace, VTraceCollector, mlp_actor_critic
     from tianshou_plugins.tune import TuneReporter
 
     torch.set_num_threads(1)
     torch.manual_seed(config["seed"])
     env = gym.make(ENV)
-    obs_shape = env.observation_space.shape
-    policy = ProbabilisticActorPolicy(
-        actor=DiscreteActor(
-            preprocess_net=Net(state_shape=obs_shape, hidden_sizes=[64, 64]),
-            action_shape=env.action_space.n,
-            softmax_output=False,
-        ),
-        dist_fn=categorical_from_logits,
-        action_scaling=False,
-        action_bound_method=None,
-        action_space=env.action_space,
-        observation_space=env.observation_space,
-        deterministic_eval=True,  # greedy tests
-    )
+    policy, critic = mlp_actor_critic(env.observation_space, env.action_space, (64, 64))
     env.close()
     algorithm = VTrace(
         policy=policy,
-        critic=DiscreteCritic(preprocess_net=Net(state_shape=obs_shape, hidden_sizes=[64, 64])),
+        critic=critic,
         optim=AdamOptimizerFactory(lr=config["lr"]),
         vf_coef=0.5,
         ent_coef=config["ent_coef"],

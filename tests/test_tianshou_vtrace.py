@@ -54,6 +54,24 @@ def make_algo(seed: int = 0, hidden: tuple[int, ...] = (32, 32), lr: float = 1e-
     return VTrace(policy=policy, critic=critic, optim=AdamOptimizerFactory(lr=lr), **overrides)
 
 
+def test_the_mlp_actor_critic_is_a_greedy_categorical_policy_and_a_critic():
+    from tianshou_plugins import mlp_actor_critic
+
+    obs_space = gym.spaces.Box(-np.inf, np.inf, (4,), np.float32)
+    torch.manual_seed(0)
+    policy, critic = mlp_actor_critic(obs_space, gym.spaces.Discrete(3), hidden_sizes=(16,))
+    obs = np.random.default_rng(0).normal(size=(5, 4)).astype(np.float32)
+    logits, _ = policy.actor(obs)
+    assert logits.shape == (5, 3) and critic(obs).shape == (5, 1)
+    dist = policy.dist_fn(logits)
+    torch.testing.assert_close(dist.probs, torch.softmax(logits, dim=-1))  # logits, not probs
+    policy.eval()  # tests act greedily: the most likely action
+    actions = policy(Batch(obs=obs, info={})).act
+    np.testing.assert_array_equal(np.asarray(actions), logits.argmax(-1).numpy())
+    with pytest.raises(ValueError, match="mlp_actor_critic needs a Discrete action space"):
+        mlp_actor_critic(obs_space, gym.spaces.Box(-1, 1, (2,), np.float32))
+
+
 def make_collector(algo, **overrides) -> VTraceCollector:
     settings = {
         "env_factory": make_cartpole,

@@ -26,7 +26,13 @@ from tianshou_plugins.multi_agent import (
     MultiAgentGorilaDQN,
     PettingZooFactory,
 )
-from tianshou_plugins.vtrace import VTrace, VTraceTrainingStats, categorical_from_logits
+from tianshou_plugins.vtrace import (
+    VTrace,
+    VTraceTrainingStats,
+    categorical_from_logits,
+    discrete_actor_policy,
+    mlp_actor_critic,
+)
 from tianshou_plugins.vtrace_collector import VTraceCollector, VTraceCollectStats
 
 __all__ = [
@@ -48,4 +54,6 @@ __all__ = [
     "VTraceCollector",
     "VTraceTrainingStats",
     "categorical_from_logits",
+    "discrete_actor_policy",
+    "mlp_actor_critic",
 ]

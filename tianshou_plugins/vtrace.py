@@ -27,13 +27,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+import gymnasium as gym
 import numpy as np
 import torch
 from tianshou.algorithm.algorithm_base import OnPolicyAlgorithm, TrainingStats
 from tianshou.algorithm.modelfree.reinforce import ProbabilisticActorPolicy
 from tianshou.algorithm.optim import OptimizerFactory
 from tianshou.data import Batch, ReplayBuffer
-from tianshou.utils.net.common import ActorCritic
+from tianshou.utils.net.common import ActorCritic, Net
+from tianshou.utils.net.discrete import DiscreteActor, DiscreteCritic
 
 from rl_dist_ext.impala import TimeMajorBatch, Trajectory, time_major_batch
 from rl_dist_ext.observations import observation_array
@@ -52,6 +54,50 @@ def categorical_from_logits(logits: torch.Tensor) -> torch.distributions.Categor
     """``dist_fn`` for a discrete ``ProbabilisticActorPolicy`` whose actor outputs logits
     (e.g. ``DiscreteActor(..., softmax_output=False)``); importable, so actors unpickle it."""
     return torch.distributions.Categorical(logits=logits)
+
+
+def _check_discrete(name: str, action_space: gym.Space) -> None:
+    if not isinstance(action_space, gym.spaces.Discrete):
+        raise ValueError(f"{name} needs a Discrete action space, got {action_space!r}")
+
+
+def discrete_actor_policy(
+    actor: torch.nn.Module, observation_space: gym.Space, action_space: gym.Space
+) -> ProbabilisticActorPolicy:
+    """The policy ``VTrace`` trains for a discrete action space: ``actor``'s logits as a
+    categorical (:func:`categorical_from_logits`), the most likely action in tests."""
+    if not isinstance(action_space, gym.spaces.Discrete):
+        raise ValueError(
+            f"discrete_actor_policy needs a Discrete action space, got {action_space!r}"
+        )
+    return ProbabilisticActorPolicy(
+        actor=actor,
+        dist_fn=categorical_from_logits,
+        action_scaling=False,
+        action_bound_method=None,
+        action_space=action_space,
+        observation_space=observation_space,
+        deterministic_eval=True,
+    )
+
+
+def mlp_actor_critic(
+    observation_space: gym.Space,
+    action_space: gym.Space,
+    hidden_sizes: tuple[int, ...] = (64, 64),
+) -> tuple[ProbabilisticActorPolicy, DiscreteCritic]:
+    """A discrete policy (an MLP actor with logits, :func:`discrete_actor_policy`) and a critic
+    (an MLP of its own) for a vector observation space: the pair ``VTrace`` takes as ``policy``
+    and ``critic``."""
+    _check_discrete("mlp_actor_critic", action_space)
+    shape = observation_space.shape
+    actor = DiscreteActor(
+        preprocess_net=Net(state_shape=shape, hidden_sizes=list(hidden_sizes)),
+        action_shape=int(action_space.n),
+        softmax_output=False,
+    )
+    critic = DiscreteCritic(preprocess_net=Net(state_shape=shape, hidden_sizes=list(hidden_sizes)))
+    return discrete_actor_policy(actor, observation_space, action_space), critic
 
 
 @dataclass(kw_only=True)
