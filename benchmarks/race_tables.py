@@ -71,6 +71,24 @@ def wall_hours(report: dict) -> float:
     return seconds / 3600
 
 
+def pace(report: dict) -> str:
+    """The machine's pace over the runs (seconds of ``harness.machine_pace_s``'s loop; higher is
+    a slower day), or "" where the runs did not record it."""
+    paces = sorted(
+        record["machine_pace_s"]
+        for by_arm in report["runs"].values()
+        for records in by_arm.values()
+        for record in records
+        if "machine_pace_s" in record
+    )
+    if not paces:
+        return ""
+    return (
+        f" The machine's pace (seconds for the harness's fixed loop; higher: a slower day): "
+        f"median {paces[len(paces) // 2]:.2f}, {paces[0]:.2f}-{paces[-1]:.2f} over the runs."
+    )
+
+
 def _interval(value: float, low: float, high: float, unit: str = "") -> str:
     fmt = harness._seconds if unit else (lambda v: f"{v:.2f}")
     return f"{fmt(value)}{unit} [{fmt(low)}, {fmt(high)}]"
@@ -121,7 +139,7 @@ def page(reports: list[dict]) -> str:
             f"{report['cap_s']:g} training seconds per run, seeds "
             f"{report['seeds'][0]}-{report['seeds'][-1]}; the runs took "
             f"{wall_hours(report):.1f} h of wall time{status}. Plots: "
-            f"`benchmarks/results/races/{report['race']}.png`.",
+            f"`benchmarks/results/races/{report['race']}.png`.{pace(report)}",
             "",
         ]
         for env, arms in report["summary"].items():

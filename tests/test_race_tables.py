@@ -49,7 +49,12 @@ def _write_runs(folder: Path, race: harness.Race, seconds: dict[str, list[float 
         for seed, reached in enumerate(times):
             end = race.cap_s if reached is None else reached
             curve = [[end / 2, 1000, 100.0], [end, 2000, 100.0 if reached is None else 480.0]]
-            record = {"curve": curve, "cap_s": race.cap_s, "wall_seconds": 900.0}
+            record = {
+                "curve": curve,
+                "cap_s": race.cap_s,
+                "wall_seconds": 900.0,
+                "machine_pace_s": 0.25 + 0.1 * seed,
+            }
             path = harness.run_path(folder, race, "CartPole-v1", arm, seed)
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text(json.dumps(record))
@@ -71,6 +76,7 @@ def test_a_finished_race_gets_a_headline_row_with_its_intervals(tmp_path):
 
     section = race_tables.page([report])
     assert "### Toy race" in section and "the runs took 2.0 h of wall time" in section
+    assert "median 0.45, 0.25-0.55 over the runs" in section  # 8 runs of paces 0.25-0.55
     assert "| theirs | 3/4 |" in section  # one run of the baseline never reached the target
     assert "- **ours**: ours, tuned here." in section
 
