@@ -143,6 +143,9 @@ def page(reports: list[dict]) -> str:
             "",
         ]
         for env, arms in report["summary"].items():
+            if not arms:
+                lines += [f"**{env}**: no runs yet.", ""]
+                continue
             lines += [f"**{env}**", "", *harness.env_table(arms, report["baseline"]), ""]
             if report.get("retention"):
                 lines += [

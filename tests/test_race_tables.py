@@ -90,6 +90,16 @@ def test_a_race_still_running_says_how_many_runs_are_in(tmp_path):
     assert "still running: 3 of 8 runs in" in race_tables.page([report])
 
 
+def test_an_env_without_runs_yet_says_so(tmp_path):
+    race = _race(envs=("CartPole-v1", "SlowCartPole-v1"))
+    _write_runs(tmp_path, race, {"ours": [10], "theirs": [40]})
+    harness.write_report(race, tmp_path)
+    (report,) = race_tables.load_reports(tmp_path)
+    assert "**SlowCartPole-v1**: no runs yet." in race_tables.page([report])
+    assert "## SlowCartPole-v1\n\nNo runs yet." in (tmp_path / "toy.md").read_text()
+    assert len(race_tables.headline([report]).splitlines()) == 3  # one row: CartPole-v1
+
+
 def test_a_table_is_written_between_its_markers_and_nowhere_else():
     begin, end = race_tables.begin("headline"), race_tables.end("headline")
     text = f"intro\n{begin}\n\nold\n\n{end}\noutro\n"
