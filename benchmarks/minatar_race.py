@@ -38,7 +38,7 @@ from types import SimpleNamespace
 import numpy as np
 import torch
 from harness import Arm, Race, add_race_arguments, run_and_report
-from race import rllib_time_to_target
+from race import rllib_race_run
 
 GAME = "breakout"
 ALGOS = ("gorila-rllib", "dqn-rllib", "gorila-tianshou", "dqn-tianshou")
@@ -165,19 +165,15 @@ def rllib_arm(
     **config,
 ) -> dict:
     """One RLlib run (the harness started Ray in this process)."""
-    import rllib_plugins  # noqa: F401  (registers GorilaDQN)
     from rllib_plugins.pixels import PixelEnvCreator
 
-    torch.set_num_threads(1)
     build = gorila_rllib_config if algorithm == "GorilaDQN" else dqn_rllib_config
-    algo = build(seed, **config).build_algo()
-    return rllib_time_to_target(
-        algo,
+    return rllib_race_run(
+        build(seed, **config),
         seed=seed,
-        max_seconds=cap_s,
-        eval_every_s=eval_every_s,
-        greedy_module=lambda a: a.get_module(),
+        cap_s=cap_s,
         target=target,
+        eval_every_s=eval_every_s,
         eval_env=PixelEnvCreator(env),
         screen_episodes=10,
         eval_max_steps=eval_max_steps,

@@ -149,9 +149,14 @@ def rllib_race_run(
     eval_every_s: float,
     eval_env: str | Callable[[], Any],
     greedy_module: Callable[[Any], Any] = lambda algo: algo.get_module(),
+    screen_episodes: int | None = None,
+    eval_max_steps: int | None = None,
 ) -> dict:
     """One run of an RLlib arm in a race's process (Ray is up): ``config`` built (the 2 ms
-    ``SlowCartPole-v1`` registered), its start-up awaited, then :func:`rllib_time_to_target`."""
+    ``SlowCartPole-v1`` registered), its start-up awaited, then :func:`rllib_time_to_target`.
+
+    ``screen_episodes`` defaults to a 2-episode screen, or 10 episodes every time in a
+    retention race (target past reach); ``eval_max_steps`` caps an evaluation episode."""
     import torch
     from ray.tune.registry import register_env
     from slow_env import slow_cartpole
@@ -171,5 +176,6 @@ def rllib_race_run(
         target=target,
         eval_env=eval_env,
         # a run past the target (a retention race) is evaluated on 10 episodes every time
-        screen_episodes=2 if math.isfinite(target) else 10,
+        screen_episodes=screen_episodes or (2 if math.isfinite(target) else 10),
+        eval_max_steps=eval_max_steps,
     )
