@@ -514,6 +514,7 @@ def write_report(race: Race, results: Path) -> dict:
         "summary": summary,
         "runs": load_runs(race, results),
     }
+    results.mkdir(parents=True, exist_ok=True)  # --report-only into a fresh --out
     (results / f"{race.name}.json").write_text(json.dumps(report, indent=1))
     (results / f"{race.name}.md").write_text(markdown(race, summary))
     plot(race, results, summary, results / f"{race.name}.png")

@@ -20,6 +20,7 @@ import minatar_race
 import multi_agent_tictactoe
 import rllib_gorila_vs_dqn
 import rllib_vtrace_vs_appo
+import run_races
 import tianshou_gorila_vs_dqn
 import tianshou_vtrace_vs_ppo
 
@@ -133,3 +134,30 @@ def test_an_unknown_race_is_refused_with_the_choices(module):
     with pytest.raises(ValueError, match=r"race 'pong': choose one of") as error:
         module.make_race("pong")
     assert all(repr(kind) in str(error.value) for kind in module.RACES)
+
+
+def test_the_race_queue_runs_every_race_once_with_a_command_its_script_takes(tmp_path):
+    """``run_races.py`` is how the evidence is run across sessions: a race missing from its
+    queue would never run, and each queued command is one its script takes (here with
+    ``--report-only``: the report of a race with no runs yet)."""
+    queued = [item.race().name for item in run_races.QUEUE]
+    assert sorted(queued) == sorted(race.name for race in all_races())
+    for item in run_races.QUEUE:
+        module = sys.modules[item.script.removesuffix(".py")]
+        module.main([*item.argv(), "--report-only", "--out", str(tmp_path)])
+        report = json.loads((tmp_path / "races" / f"{item.race().name}.json").read_text())
+        assert report["race"] == item.race().name
+
+
+def test_the_race_plan_counts_the_runs_in_and_estimates_the_rest_from_them(tmp_path):
+    race = tianshou_gorila_vs_dqn.make_race()
+    assert "0/40" in run_races.plan_line(race, tmp_path)
+    assert f"{40 * (race.cap_s + 60) / 3600:5.1f} h left (worst case" in run_races.plan_line(
+        race, tmp_path
+    )
+    for seed, wall in ((0, 1800.0), (1, 1800.0)):
+        path = harness.run_path(tmp_path, race, race.envs[0], race.arms[0].name, seed)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps({"curve": [], "wall_seconds": wall}))
+    line = run_races.plan_line(race, tmp_path)
+    assert "2/40" in line and "  1.0 h spent" in line and " 19.0 h left (at their mean)" in line

@@ -1,0 +1,104 @@
+"""Every race of the evidence in the order it is run, as one resumable command: it runs each
+race's missing runs (a race script skips the runs already in), then rewrites the README's and the
+benchmarks page's tables, so the whole set can span several sessions.
+
+    .venv/bin/python benchmarks/run_races.py --plan    # each race: runs in, hours spent and left
+    .venv/bin/python benchmarks/run_races.py           # run what is missing, race after race
+    .venv/bin/python benchmarks/run_races.py --only rllib_vtrace_vs_appo
+
+The headline races come first; after them the races that chose each arm's layout. Run nothing
+else on the machine meanwhile: every run's time is wall-clock. Stopped between runs (kill it),
+it loses only the run in progress.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import statistics
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import harness
+
+HERE = Path(__file__).resolve().parent
+
+
+@dataclass(frozen=True)
+class Queued:
+    """A race as its script runs it: ``script`` with ``--race kind`` (``kind`` None: the script
+    has one race) and ``extra`` options."""
+
+    script: str
+    kind: str | None = None
+    extra: tuple[str, ...] = ()
+
+    def argv(self) -> list[str]:
+        return [*(["--race", self.kind] if self.kind else []), *self.extra]
+
+    def race(self) -> harness.Race:
+        module = importlib.import_module(self.script.removesuffix(".py"))
+        return module.make_race(self.kind) if self.kind else module.make_race()
+
+
+#: the headline races (issue order), then the layout races behind each arm's configuration
+QUEUE = (
+    # --throughput-actors with no counts: the race only, not the collection-throughput table
+    Queued("tianshou_gorila_vs_dqn.py", extra=("--throughput-actors",)),
+    Queued("rllib_gorila_vs_dqn.py", "cartpole"),
+    Queued("rllib_gorila_vs_dqn.py", "acrobot"),
+    Queued("rllib_vtrace_vs_appo.py", "cartpole"),
+    Queued("tianshou_vtrace_vs_ppo.py", "cartpole"),
+    Queued("multi_agent_tictactoe.py", "rllib"),
+    Queued("multi_agent_tictactoe.py", "tianshou"),
+    Queued("minatar_race.py", "breakout"),
+    Queued("rllib_gorila_vs_dqn.py", "layouts"),
+    Queued("rllib_vtrace_vs_appo.py", "layouts"),
+    Queued("tianshou_vtrace_vs_ppo.py", "layouts"),
+    Queued("minatar_race.py", "all"),
+)
+
+
+def plan_line(race: harness.Race, results: Path = harness.RESULTS / "races") -> str:
+    """``race``'s runs in and wanted, the hours they took, and the hours the rest would take at
+    their mean (at the cap plus their mean start-up where none is in yet: the worst case)."""
+    records = [
+        record
+        for by_arm in harness.load_runs(race, results).values()
+        for arm_records in by_arm.values()
+        for record in arm_records
+    ]
+    wanted = len(race.envs) * len(race.seeds) * len(race.arms)
+    walls = [record["wall_seconds"] for record in records if "wall_seconds" in record]
+    spent = sum(walls) / 3600
+    if walls:
+        left, how = (wanted - len(records)) * statistics.fmean(walls) / 3600, "at their mean"
+    else:
+        left, how = wanted * (race.cap_s + 60) / 3600, "worst case: cap + 60 s each"
+    return (
+        f"{race.name:34s} {len(records):3d}/{wanted:<3d} runs  {spent:5.1f} h spent  "
+        f"{left:5.1f} h left ({how})"
+    )
+
+
+def main(argv: list[str] | None = None) -> None:
+    names = {queued.race().name: queued for queued in QUEUE}
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--plan", action="store_true", help="say where each race stands, run none")
+    parser.add_argument("--only", nargs="+", choices=sorted(names), help="default: every race")
+    args = parser.parse_args(argv)
+    queue = [names[name] for name in args.only] if args.only else list(QUEUE)
+    for queued in queue:
+        if args.plan:
+            print(plan_line(queued.race()))
+            continue
+        command = [sys.executable, str(HERE / queued.script), *queued.argv()]
+        print("$", " ".join(command[1:]), flush=True)
+        subprocess.run(command, check=True)
+        subprocess.run([sys.executable, str(HERE / "race_tables.py")], check=True)
+
+
+if __name__ == "__main__":
+    main()
