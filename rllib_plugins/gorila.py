@@ -98,10 +98,12 @@ class GorilaDQNConfig(CentralInferenceSettingsMixin, DQNConfig):
     ``dueling``, ``double_q``, ``td_error_loss_fn``, ``train_batch_size_per_learner``, ...):
 
     - ``.training(target_update_every_n_updates=250, weight_sync_every_n_steps=400,
-      updates_per_iteration=64, env_steps_per_request=128, publish_every_n_updates=8,
-      epsilon_base=0.4, epsilon_alpha=7.0)``: the target network is hard-updated every C
-      *gradient updates*; env runners pull newer weights every K of their env steps; the learner
-      publishes weights every ``publish_every_n_updates`` updates; runner ``i`` of ``N`` explores
+      updates_per_iteration=64, updates_per_learner_call=1, env_steps_per_request=128,
+      publish_every_n_updates=8, epsilon_base=0.4, epsilon_alpha=7.0)``: the target network is
+      hard-updated every C *gradient updates*; env runners pull newer weights every K of their
+      env steps; k gradient updates share one ``Learner.update`` call (RLlib's per-call cost
+      paid once per k); the learner publishes weights every ``publish_every_n_updates``
+      updates; runner ``i`` of ``N`` explores
       with Ape-X epsilon ``epsilon_base ** (1 + (i - 1) / (N - 1) * epsilon_alpha)``. DQN's
       ``lr`` defaults to 1e-3 and ``train_batch_size_per_learner`` to 128 here.
     - ``.replay(num_shards=..., capacity=..., samples_per_insert=..., prioritized=..., ...)``:
@@ -172,6 +174,7 @@ class GorilaDQNConfig(CentralInferenceSettingsMixin, DQNConfig):
         self.target_update_every_n_updates = 250
         self.weight_sync_every_n_steps = 400
         self.updates_per_iteration = 64
+        self.updates_per_learner_call = 1
         self.env_steps_per_request = 128
         self.publish_every_n_updates = 8
         self.epsilon_base = EPSILON_BASE
@@ -189,6 +192,7 @@ class GorilaDQNConfig(CentralInferenceSettingsMixin, DQNConfig):
         target_update_every_n_updates: int = NotProvided,
         weight_sync_every_n_steps: int = NotProvided,
         updates_per_iteration: int = NotProvided,
+        updates_per_learner_call: int = NotProvided,
         env_steps_per_request: int = NotProvided,
         publish_every_n_updates: int = NotProvided,
         epsilon_base: float = NotProvided,
@@ -205,6 +209,10 @@ class GorilaDQNConfig(CentralInferenceSettingsMixin, DQNConfig):
             weight_sync_every_n_steps: env runners pull newer weights every K of their env
                 steps.
             updates_per_iteration: gradient updates per ``train()`` call.
+            updates_per_learner_call: gradient updates fused into one ``Learner.update``
+                call (k batches of ``train_batch_size_per_learner`` rows, sampled before the
+                call, stepped in order), so RLlib's per-call cost is paid once per k; the
+                target sync, the weights version and each batch's priorities stay per update.
             env_steps_per_request: env steps per acting request to a runner.
             publish_every_n_updates: the learner publishes its weights every this many
                 gradient updates.
@@ -221,6 +229,8 @@ class GorilaDQNConfig(CentralInferenceSettingsMixin, DQNConfig):
             self.weight_sync_every_n_steps = weight_sync_every_n_steps
         if updates_per_iteration is not NotProvided:
             self.updates_per_iteration = updates_per_iteration
+        if updates_per_learner_call is not NotProvided:
+            self.updates_per_learner_call = updates_per_learner_call
         if env_steps_per_request is not NotProvided:
             self.env_steps_per_request = env_steps_per_request
         if publish_every_n_updates is not NotProvided:
@@ -296,6 +306,7 @@ class GorilaDQNConfig(CentralInferenceSettingsMixin, DQNConfig):
             "target_update_every_n_updates",
             "weight_sync_every_n_steps",
             "updates_per_iteration",
+            "updates_per_learner_call",
             "env_steps_per_request",
             "publish_every_n_updates",
             "train_batch_size_per_learner",
@@ -601,7 +612,8 @@ class GorilaDQN(CheckedTrialResources, DQN):
         """
         remaining = self.config.updates_per_iteration
         while remaining > 0:
-            chunk = min(remaining, LEARN_CHUNK)
+            # a chunk holds at least one fused learner call
+            chunk = min(remaining, max(LEARN_CHUNK, self.config.updates_per_learner_call))
             timesteps = {
                 NUM_ENV_STEPS_SAMPLED_LIFETIME: self.metrics.peek(
                     (ENV_RUNNER_RESULTS, NUM_ENV_STEPS_SAMPLED_LIFETIME), default=0

@@ -4,7 +4,8 @@ The learner step is the core's (:class:`rl_dist_ext.gorila.GorilaLearner`: sampl
 distributed replay with prefetch -> gradient step -> priorities back -> target every C gradient
 updates -> publish every P); this class only translates: replay rows to an RLlib batch, the loss
 to the shared importance-weighted double-DQN loss (``rl_dist_ext.ops.dqn.double_dqn_loss``), and
-RLlib's ``after_gradient_based_update`` hook to the core's clock.
+each gradient step RLlib's ``Learner._update`` takes to the core's clock (so ``k`` updates can
+share one ``Learner.update`` call: ``training(updates_per_learner_call=k)``).
 
 Several learners (``num_learners > 1``): RLlib's learner group runs N copies in lock step with
 torch DDP averaging their gradients; each samples its own prioritized batches and updates their
@@ -62,6 +63,14 @@ def replay_rows_to_batch(rows: dict[str, np.ndarray], weights: np.ndarray) -> Sa
     return SampleBatch(columns)
 
 
+def _concat(samples: list[ReplaySample]) -> tuple[dict[str, np.ndarray], np.ndarray]:
+    """Rows and importance weights of several replay samples, one after another."""
+    if len(samples) == 1:
+        return samples[0].batch, samples[0].weights
+    rows = {name: np.concatenate([s.batch[name] for s in samples]) for name in samples[0].batch}
+    return rows, np.concatenate([s.weights for s in samples])
+
+
 class WeightsSinks:
     """Where published weights go: the parameter server and, in SEED mode, the inference server
     (fire and forget there: the server ignores versions older than the one it holds)."""
@@ -92,6 +101,7 @@ class GorilaDQNTorchLearner(GorilaLearnerCounters, OptimizeTrainedModulesOnly, D
             export_weights=self.actor_weights,
         )
         self._last_td_error: dict[str, torch.Tensor] = {}
+        self._step_td_errors: list[dict[str, torch.Tensor]] = []
         self._beta = config.replay_config().beta  # 0 with replay(prioritized=False)
 
     # ---- wiring -------------------------------------------------------------------------------
@@ -132,21 +142,35 @@ class GorilaDQNTorchLearner(GorilaLearnerCounters, OptimizeTrainedModulesOnly, D
 
     # ---- the training loop body ---------------------------------------------------------------
     def train_from_replay(self, num_updates: int, timesteps: dict[str, Any]) -> dict:
-        """Run ``num_updates`` core learner updates; return RLlib's reduced metrics."""
+        """Run ``num_updates`` core learner updates, ``updates_per_learner_call`` of them per
+        ``Learner.update`` call (one batch of k x B rows that RLlib's minibatch iterator splits
+        back into the k sampled batches, in order); return RLlib's reduced metrics."""
+        batch_size = self.config.train_batch_size_per_learner
 
-        def gradient_step(samples: dict[str, ReplaySample]) -> dict[str, torch.Tensor]:
-            batch = MultiAgentBatch(
+        def gradient_steps(batches: list[dict[str, ReplaySample]]) -> list[dict[str, torch.Tensor]]:
+            fused = MultiAgentBatch(
                 {
-                    module: replay_rows_to_batch(sample.batch, sample.weights)
-                    for module, sample in samples.items()
+                    module: replay_rows_to_batch(*_concat([s[module] for s in batches]))
+                    for module in batches[0]
                 },
-                env_steps=max(len(sample.keys) for sample in samples.values()),
+                env_steps=sum(max(len(s.keys) for s in samples.values()) for samples in batches),
             )
-            self.update(batch=batch, timesteps=timesteps, _no_metrics_reduce=True)
-            return {module: self._last_td_error[module] for module in samples}
+            self._step_td_errors = []
+            self.update(
+                batch=fused,
+                timesteps=timesteps,
+                # one batch: RLlib's plain path; k batches: k minibatches of B rows, in order
+                minibatch_size=batch_size if len(batches) > 1 else None,
+                num_epochs=1,
+                _no_metrics_reduce=True,
+            )
+            return self._step_td_errors
 
-        stats = self.gorila.update_modules(
-            num_updates, beta=self._beta, gradient_step=gradient_step
+        stats = self.gorila.update_fused(
+            num_updates,
+            beta=self._beta,
+            updates_per_call=self.config.updates_per_learner_call,
+            gradient_steps=gradient_steps,
         )
         metrics = {
             "replay_sample_wait_fraction": stats.sample_wait_s / stats.seconds,
@@ -156,6 +180,17 @@ class GorilaDQNTorchLearner(GorilaLearnerCounters, OptimizeTrainedModulesOnly, D
         }
         self.metrics.log_dict(metrics, key=ALL_MODULES, window=1)
         return self.metrics.reduce()
+
+    def _update(self, batch: dict[str, Any]) -> tuple[Any, Any, Any]:
+        # One gradient step over one minibatch (a fused call makes several): its TD errors
+        # are kept for its own batch's priorities, and the core counts it here, so the target
+        # network syncs at its update even inside a fused call (RLlib's
+        # after_gradient_based_update runs once per Learner.update). DQNLearner's own
+        # env-step target sync never fires: GorilaDQNConfig sets its period out of reach.
+        out = super()._update(batch)
+        self._step_td_errors.append({module: self._last_td_error[module] for module in batch})
+        self.gorila.after_gradient_step()
+        return out
 
     # ---- loss and target network --------------------------------------------------------------
     def compute_loss_for_module(self, *, module_id, config, batch, fwd_out):
@@ -183,12 +218,6 @@ class GorilaDQNTorchLearner(GorilaLearnerCounters, OptimizeTrainedModulesOnly, D
             window=1,
         )
         return out.loss
-
-    def after_gradient_based_update(self, *, timesteps: dict[str, Any]) -> None:
-        # DQNLearner's env-step-based target sync never fires (GorilaDQNConfig sets its period
-        # out of reach); the core step syncs every C gradient updates instead.
-        super().after_gradient_based_update(timesteps=timesteps)
-        self.gorila.after_gradient_step()
 
     def _sync_target_networks(self) -> None:
         for module_id in self.trained_modules:

@@ -251,6 +251,53 @@ def test_learner_step_sends_priorities_syncs_target_every_c_and_publishes_every_
     assert learner.publish() == 6 and server.stats()["num_publishes"] == 4  # nothing new
 
 
+def test_fused_updates_sync_the_target_inside_a_call_and_send_priorities_per_batch():
+    """k = 4 updates per framework call, C = 3, P = 2: the target syncs after update 3 (inside
+    the first call) and 6; each of the 10 batches gets its own priorities; a call that reached
+    a multiple of P publishes once after it; the last call takes the 2 updates left."""
+    replay = RecordingReplay()
+    learner, events = make_learner(replay)
+    server = ParameterServer()
+    learner.connect(weights=server)
+    calls = []
+
+    def gradient_steps(batches):
+        calls.append(len(batches))
+        errors = []
+        for samples in batches:
+            events.append(f"update {learner.num_gradient_updates + 1}")
+            learner.after_gradient_step()
+            errors.append(
+                {m: -torch.full((4,), learner.num_gradient_updates * 1.0) for m in samples}
+            )
+        return errors
+
+    stats = learner.update_fused(10, beta=0.5, updates_per_call=4, gradient_steps=gradient_steps)
+    assert stats.num_updates == 10 and calls == [4, 4, 2]
+    assert events == [
+        "update 1", "update 2", "update 3", "target", "update 4",
+        "update 5", "update 6", "target", "update 7", "update 8",
+        "update 9", "target", "update 10",
+    ]  # fmt: skip
+    assert [int(k[0]) for k, _ in replay.priority_updates] == [100 * i for i in range(1, 11)]
+    for update, (_, priorities) in enumerate(replay.priority_updates, start=1):
+        np.testing.assert_array_equal(priorities, [update] * 4)  # |TD| of its own update
+    assert server.version() == 10 and server.stats()["num_publishes"] == 4  # 0, 4, 8, 10
+    with pytest.raises(ValueError, match="updates_per_call"):
+        learner.update_fused(1, beta=0.5, updates_per_call=0, gradient_steps=gradient_steps)
+
+
+def test_fused_updates_refuse_a_call_that_applies_fewer_updates_than_batches():
+    learner, _ = make_learner(RecordingReplay())
+
+    def one_update(batches):
+        learner.after_gradient_step()
+        return [{m: torch.zeros(4) for m in samples} for samples in batches]
+
+    with pytest.raises(RuntimeError, match=r"given 3 batches: it must apply 3 updates.*applied 1"):
+        learner.update_fused(3, beta=0.4, updates_per_call=3, gradient_steps=one_update)
+
+
 def test_learner_step_refuses_a_gradient_step_that_does_not_count_itself():
     learner, _ = make_learner(RecordingReplay())
     with pytest.raises(RuntimeError, match="after_gradient_step"):

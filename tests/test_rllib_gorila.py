@@ -504,6 +504,93 @@ def test_learner_target_network_is_updated_exactly_every_c_gradient_updates():
         learner.shutdown()
 
 
+class ScriptedReplay:
+    """CartPole-shaped batches from a seeded generator (the same sequence for every learner
+    built on the same seed); records the priorities sent back."""
+
+    def __init__(self, seed: int) -> None:
+        self.rng = np.random.default_rng(seed)
+        self.samples = 0
+        self.priorities: list[tuple[np.ndarray, np.ndarray]] = []
+
+    def sample(self, batch_size, *, beta):
+        from rl_dist_ext.replay.prioritized import ReplaySample
+
+        self.samples += 1
+        rows = {
+            "obs": self.rng.normal(size=(batch_size, 4)).astype(np.float32),
+            "action": self.rng.integers(0, 2, size=batch_size),
+            "reward": self.rng.normal(size=batch_size).astype(np.float32),
+            "discount": self.rng.choice([0.0, 0.97], size=batch_size).astype(np.float32),
+            "next_obs": self.rng.normal(size=(batch_size, 4)).astype(np.float32),
+        }
+        weights = self.rng.uniform(0.2, 1.0, size=batch_size).astype(np.float32)
+        return ReplaySample(rows, np.arange(batch_size) + 1000 * self.samples, weights)
+
+    def update_priorities(self, keys, priorities):
+        self.priorities.append((np.asarray(keys), np.asarray(priorities)))
+
+
+def train_fused(k: int, initial: dict | None) -> tuple[dict, dict, list, list, list]:
+    """A learner with C = 3 and ``updates_per_learner_call=k`` (from the module state
+    ``initial`` when given) after ``train_from_replay(10)`` on a :class:`ScriptedReplay`: its
+    initial and final module states, the priorities sent, the updates after which the target
+    synced, and its ``Learner.update`` calls."""
+    import gymnasium as gym
+    from ray.rllib.core import DEFAULT_MODULE_ID
+    from ray.rllib.utils.metrics import NUM_ENV_STEPS_SAMPLED_LIFETIME
+
+    config = small_config(target_update_every_n_updates=3, lr=1e-2, updates_per_learner_call=k)
+    learner = config.training(train_batch_size_per_learner=32).build_learner(
+        env=gym.make("CartPole-v1")
+    )
+    try:
+        module = learner.module[DEFAULT_MODULE_ID]
+        if initial is not None:
+            module.set_state(initial)
+        initial = module.get_state()
+        replay = ScriptedReplay(seed=0)
+        learner.gorila.connect(replays={DEFAULT_MODULE_ID: replay}, weights=None)
+        syncs, calls = [], []
+        sync, update = learner.gorila._sync_target, learner.update
+
+        def counted_sync():
+            syncs.append(learner.gorila.num_gradient_updates)
+            sync()
+
+        def counted_update(**kwargs):
+            calls.append(kwargs["minibatch_size"])
+            return update(**kwargs)
+
+        learner.gorila._sync_target, learner.update = counted_sync, counted_update
+        learner.train_from_replay(10, {NUM_ENV_STEPS_SAMPLED_LIFETIME: 0})
+        assert learner.num_gradient_updates == 10
+        return initial, module.get_state(), replay.priorities, syncs, calls
+    finally:
+        learner.shutdown()
+
+
+def test_fused_learner_calls_take_the_same_steps_as_single_ones_and_sync_the_target_inside():
+    """updates_per_learner_call=4 with C = 3: 10 updates in 3 ``Learner.update`` calls (4, 4,
+    2 minibatches of 32 rows), the target synced after updates 3, 6 and 9 (inside the calls),
+    and the same weights and per-batch priorities as 10 single-update calls on the same
+    batches."""
+    initial, single, single_priorities, syncs, calls = train_fused(1, None)
+    assert syncs == [3, 6, 9] and calls == [None] * 10
+    _, fused, fused_priorities, syncs, calls = train_fused(4, initial)
+    assert syncs == [3, 6, 9] and calls == [32, 32, 32]
+    assert len(single_priorities) == len(fused_priorities) == 10
+    for (keys_1, p_1), (keys_4, p_4) in zip(single_priorities, fused_priorities, strict=True):
+        np.testing.assert_array_equal(keys_1, keys_4)
+        np.testing.assert_allclose(p_1, p_4, rtol=1e-5, atol=1e-6)
+    assert single.keys() == fused.keys()
+    for name in single:
+        torch.testing.assert_close(torch.as_tensor(fused[name]), torch.as_tensor(single[name]))
+    assert any(
+        not np.allclose(np.asarray(initial[name]), np.asarray(single[name])) for name in single
+    )  # the updates trained
+
+
 @pytest.mark.parametrize("loss_type", ["huber", "mse"])
 def test_learner_loss_is_the_core_double_dqn_loss_with_weights(algo, loss_type):
     from ray.rllib.core import DEFAULT_MODULE_ID
@@ -563,9 +650,9 @@ def test_learner_in_its_own_actor_samples_every_shard_and_survives_a_killed_shar
     """num_learners=1: the learner actor samples the replay and publishes weights itself (the
     layout a GPU learner uses; here on CPU). Its replay client was unpickled in that actor: it
     must still sample every shard, and go on when a shard is killed (restarted from its
-    snapshot; the failure is reported)."""
+    snapshot; the failure is reported). Its updates are fused 4 to a ``Learner.update`` call."""
     algorithm = (
-        small_config(runners=1)
+        small_config(runners=1, updates_per_learner_call=4)
         .learners(num_learners=1, num_cpus_per_learner=0.3)
         .replay(
             num_shards=4,

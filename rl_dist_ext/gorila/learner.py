@@ -18,6 +18,9 @@ Multi-agent learners hold one replay per trained module (``connect(replays=...)`
 takes one gradient step over all of them (the framework sums the modules' losses), and sends
 each module's ``|TD|`` back to its own replay. The version, target period and publishes count
 these joint updates.
+
+:meth:`GorilaLearner.update_fused` fuses k updates into one call of the framework (its
+per-call cost paid once per k); the target sync and the priorities stay per update.
 """
 
 from __future__ import annotations
@@ -195,23 +198,57 @@ class GorilaLearner:
     ) -> UpdateStats:
         """:meth:`update` with one replay per module: ``gradient_step(samples)`` takes module
         id -> sample, applies one joint update and returns module id -> ``[B]`` TD errors."""
+        return self.update_fused(
+            num_updates,
+            beta=beta,
+            updates_per_call=1,
+            gradient_steps=lambda samples: [gradient_step(samples[0])],
+        )
+
+    def update_fused(
+        self,
+        num_updates: int,
+        *,
+        beta: float,
+        updates_per_call: int,
+        gradient_steps: Callable[[list[dict[str, ReplaySample]]], list[dict[str, Any]]],
+    ) -> UpdateStats:
+        """:meth:`update_modules` with ``updates_per_call`` (k) gradient updates fused into one
+        call of the framework, which then pays its per-call cost once per k updates.
+
+        ``gradient_steps(samples)`` takes k batches (each module id -> sample, sampled before
+        the call) and applies k gradient updates in order, calling :meth:`after_gradient_step`
+        after each one (so the target network syncs at its update even inside a call); it
+        returns the k batches' TD errors (module id -> ``[B]``), whose priorities go back per
+        batch. Weights are published after a call whose updates reached a multiple of
+        ``publish_every``. The last call takes what is left when k does not divide
+        ``num_updates``.
+        """
+        k = check_int("updates_per_call", updates_per_call, 1)
         started = time.monotonic()
         wait = 0.0
-        for _ in range(num_updates):
+        remaining = num_updates
+        while remaining > 0:
+            n = min(k, remaining)
             t0 = time.monotonic()
-            samples = self.sample_modules(beta)
+            batches = [self.sample_modules(beta) for _ in range(n)]
             wait += time.monotonic() - t0
             updates_before = self.clock.num_gradient_updates
-            td_errors = gradient_step(samples)
-            if self.clock.num_gradient_updates != updates_before + 1:
+            td_errors = gradient_steps(batches)
+            updates_after = self.clock.num_gradient_updates
+            if updates_after != updates_before + n or len(td_errors) != n:
                 raise RuntimeError(
-                    "gradient_step must apply exactly one update and call "
-                    "GorilaLearner.after_gradient_step() once"
+                    f"gradient_steps was given {n} batches: it must apply {n} updates, call "
+                    f"GorilaLearner.after_gradient_step() after each (it applied "
+                    f"{updates_after - updates_before}) and return {n} TD errors (it "
+                    f"returned {len(td_errors)})"
                 )
-            for module, sample in samples.items():
-                self.send_priorities(sample.keys, td_errors[module], module=module)
-            if self.clock.num_gradient_updates % self.publish_every == 0:
+            for samples, errors in zip(batches, td_errors, strict=True):
+                for module, sample in samples.items():
+                    self.send_priorities(sample.keys, errors[module], module=module)
+            if updates_after // self.publish_every > updates_before // self.publish_every:
                 self.publish()
+            remaining -= n
         return UpdateStats(num_updates, time.monotonic() - started, wait)
 
     def __getstate__(self) -> dict[str, Any]:

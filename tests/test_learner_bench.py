@@ -1,0 +1,26 @@
+"""benchmarks/learner_bench.py on a tiny budget (fast tier: the learner runs in this process):
+every setting gets a row with its rounds, the ratio to the first k, and the profile."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+
+
+def test_the_learner_bench_measures_every_setting_and_profiles(tmp_path):
+    import learner_bench
+
+    argv = ["--nets", "mlp", "--batch-sizes", "16", "--k", "1", "2", "--seconds", "0.05"]
+    argv += ["--rounds", "2", "--profile", "--profile-updates", "8", "--out", str(tmp_path)]
+    learner_bench.main(argv)
+    report = json.loads((tmp_path / "learner_bench.json").read_text())
+    rows = {(r["net"], r["batch_size"], r["updates_per_call"]): r for r in report["rows"]}
+    assert set(rows) == {("mlp", 16, 1), ("mlp", 16, 2)}
+    for row in rows.values():
+        assert len(row["rounds"]) == 2 and row["updates_per_s"] > 0
+    assert rows[("mlp", 16, 1)]["vs_first_k"] == 1.0
+    assert "run_backward" in report["profile_mlp_b128_k1"]  # the gradient step was profiled
+    assert "| mlp | 16 | 2 |" in (tmp_path / "learner_bench.md").read_text()
