@@ -12,7 +12,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 TORCH_SPEC ?= torch==2.13.0
 
-.PHONY: demo test test-fast test-long docs lint bench clean
+.PHONY: demo test test-fast test-long docs lint bench races clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -46,6 +46,11 @@ lint: $(STAMP)
 bench: $(STAMP)
 	$(PY) benchmarks/replay_bench.py
 	$(PY) benchmarks/distributed_replay_bench.py
+
+# Every race of the evidence (docs/benchmarks.md), resumable: many hours on 2 cores; run
+# `$(PY) benchmarks/run_races.py --plan` to see where each race stands.
+races: $(STAMP)
+	$(PY) benchmarks/run_races.py
 
 clean:
 	rm -rf $(VENV) runs site .pytest_cache
