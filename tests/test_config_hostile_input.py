@@ -70,6 +70,7 @@ GORILA_TRAINING = (
     "target_update_every_n_updates",
     "weight_sync_every_n_steps",
     "updates_per_iteration",
+    "updates_per_learner_call",
     "env_steps_per_request",
     "publish_every_n_updates",
     "epsilon_base",

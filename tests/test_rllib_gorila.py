@@ -78,6 +78,10 @@ def test_registered_with_tune_and_rllib(ray_session):
         (lambda c: c.training(target_update_every_n_updates=0), "target_update_every_n_updates"),
         (lambda c: c.training(weight_sync_every_n_steps=-5), "weight_sync_every_n_steps"),
         (lambda c: c.training(updates_per_iteration=1.5), "updates_per_iteration"),
+        (
+            lambda c: c.training(updates_per_learner_call=0),
+            "updates_per_learner_call must be an int >= 1, got 0",
+        ),
         (lambda c: c.training(epsilon_base=1.5), "epsilon_base"),
         (lambda c: c.training(epsilon_alpha=-1.0), "epsilon_alpha"),
         (lambda c: c.training(n_step=(1, 3)), "n_step"),
