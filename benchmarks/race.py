@@ -176,6 +176,8 @@ def rllib_race_run(
         target=target,
         eval_env=eval_env,
         # a run past the target (a retention race) is evaluated on 10 episodes every time
-        screen_episodes=screen_episodes or (2 if math.isfinite(target) else 10),
+        screen_episodes=(
+            screen_episodes if screen_episodes is not None else 2 if math.isfinite(target) else 10
+        ),
         eval_max_steps=eval_max_steps,
     )

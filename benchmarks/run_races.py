@@ -63,7 +63,7 @@ QUEUE = (
 
 def plan_line(race: harness.Race, results: Path = harness.RESULTS / "races") -> str:
     """``race``'s runs in and wanted, the hours they took, and the hours the rest would take at
-    their mean (at the cap plus their mean start-up where none is in yet: the worst case)."""
+    their mean (at the cap plus 60 s of start-up each where none is in yet: the worst case)."""
     records = [
         record
         for by_arm in harness.load_runs(race, results).values()

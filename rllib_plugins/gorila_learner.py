@@ -101,7 +101,8 @@ class GorilaDQNTorchLearner(GorilaLearnerCounters, OptimizeTrainedModulesOnly, D
             export_weights=self.actor_weights,
         )
         self._last_td_error: dict[str, torch.Tensor] = {}
-        self._step_td_errors: list[dict[str, torch.Tensor]] = []
+        # each gradient step's TD errors while train_from_replay collects them (else None)
+        self._step_td_errors: list[dict[str, torch.Tensor]] | None = None
         self._beta = config.replay_config().beta  # 0 with replay(prioritized=False)
 
     # ---- wiring -------------------------------------------------------------------------------
@@ -156,15 +157,18 @@ class GorilaDQNTorchLearner(GorilaLearnerCounters, OptimizeTrainedModulesOnly, D
                 env_steps=sum(max(len(s.keys) for s in samples.values()) for samples in batches),
             )
             self._step_td_errors = []
-            self.update(
-                batch=fused,
-                timesteps=timesteps,
-                # one batch: RLlib's plain path; k batches: k minibatches of B rows, in order
-                minibatch_size=batch_size if len(batches) > 1 else None,
-                num_epochs=1,
-                _no_metrics_reduce=True,
-            )
-            return self._step_td_errors
+            try:
+                self.update(
+                    batch=fused,
+                    timesteps=timesteps,
+                    # one batch: RLlib's plain path; k batches: k minibatches of B rows, in order
+                    minibatch_size=batch_size if len(batches) > 1 else None,
+                    num_epochs=1,
+                    _no_metrics_reduce=True,
+                )
+                return self._step_td_errors
+            finally:
+                self._step_td_errors = None
 
         stats = self.gorila.update_fused(
             num_updates,
@@ -188,7 +192,8 @@ class GorilaDQNTorchLearner(GorilaLearnerCounters, OptimizeTrainedModulesOnly, D
         # after_gradient_based_update runs once per Learner.update). DQNLearner's own
         # env-step target sync never fires: GorilaDQNConfig sets its period out of reach.
         out = super()._update(batch)
-        self._step_td_errors.append({module: self._last_td_error[module] for module in batch})
+        if self._step_td_errors is not None:  # a direct Learner.update keeps none
+            self._step_td_errors.append({m: self._last_td_error[m] for m in batch})
         self.gorila.after_gradient_step()
         return out
 
