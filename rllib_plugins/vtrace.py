@@ -175,6 +175,11 @@ class VTraceConfig(CentralInferenceSettingsMixin, IMPALAConfig):
                 check_real(name, getattr(self, name), low=0.0, strict=True)
         if not self.in_evaluation:
             self.validate_central_inference()
+            if self.uses_central_inference():
+                # IMPALA's EnvRunnerStateServer actor carries the learner's weights to the
+                # runners; in SEED mode they hold none and nothing is ever pushed to it, so it
+                # would be a process (an RLlib import, several seconds of CPU) for nothing.
+                self.use_env_runner_state_server = False
         self._check_each_learner_gets_episodes()
 
     def _check_each_learner_gets_episodes(self) -> None:

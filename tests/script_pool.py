@@ -11,13 +11,13 @@ working directory and environment, stdout and stderr in files); it only starts w
 libraries already imported. Nothing of this project is imported before the fork, so each run
 imports the code under test itself.
 
-The Ray tests leave about a quarter of the 2 cores idle (they wait on actors, restarts,
-timeouts). So the runs do not wait for their tests: when the session's first test that may start
-processes begins (the fast tier is over), every selected run is queued, two at a time, at the
-lowest CPU priority (nice 19 and Linux's idle scheduling class, in the tests' own session: a
-session of its own would be a scheduling group of its own, ranked as an equal), where they
-take the CPU the Ray tests leave idle and little else; the modules whose tests wait for runs
-go last. A test waits for its own run and checks it; a run's time limit counts
+The fast tier keeps one of the 2 cores busy and leaves the other idle (about 2 minutes of a
+session), and the Ray tests leave idle moments (they wait on actors, restarts, timeouts). So the
+runs do not wait for their tests: before the session's first test, every selected run is
+queued, two at a time, at the lowest CPU priority (nice 19 and Linux's idle scheduling class,
+in the tests' own session: a session of its own would be a scheduling group of its own, ranked
+as an equal), where they take the CPU the tests leave idle and little else; the modules whose
+tests wait for runs go last. A test waits for its own run and checks it; a run's time limit counts
 from when its test starts waiting. A run that fails in the background (where a starved process
 may miss one of the code's own wall-clock timeouts) runs again at once if its test is not
 waiting yet, and again in the foreground, with nothing beside it, if that fails too or its test
@@ -48,7 +48,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from tiers import is_fast
+from tiers import BACKGROUND_THREAD_PREFIX
 
 #: runs side by side (more than the 2 cores can overlap only makes each run slower: measured,
 #: the smoke and README modules took 664 s three at a time against 573 s two at a time)
@@ -387,7 +387,9 @@ class ScriptPool:
         self.cwd = cwd
         self._zygote: _Zygote | None = None
         self._run = _run_plain
-        self._executor = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="script")
+        self._executor = ThreadPoolExecutor(
+            max_workers=workers, thread_name_prefix=BACKGROUND_THREAD_PREFIX
+        )
         self._runs: dict[str, _Submitted] = {}
         self.dirs: dict[str, Path] = {}  # a run's output folder, where its test gave one
 
@@ -497,19 +499,21 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     items.sort(key=_waits_for_runs)
 
 
-@pytest.hookimpl(tryfirst=True)
-def pytest_runtest_setup(item: pytest.Item) -> None:
-    """At the first test that may start processes, queue every selected test's run."""
-    if is_fast(item) or item.session.stash.get(_POOL_KEY, None) is not None:
-        return
-    runs = item.session.stash[_POOL_KEY] = _SessionRuns(Path(str(item.config.rootpath)))
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtestloop(session: pytest.Session):
+    """Before the first test, queue the run of every selected test that waits for one: the runs
+    start beside the fast tier, which keeps one of the two cores busy and leaves the other idle
+    (its guard refuses process starts only in the test's own thread, not in the pool's)."""
     modules = []
-    for test in item.session.items:
+    for test in session.items:
         if _waits_for_runs(test) and test.module not in modules:
             modules.append(test.module)
-    for module in modules:
-        selected = [test.name for test in item.session.items if test.module is module]
-        module.script_runs(runs.pool, selected, runs.mktemp)
+    if modules and not session.config.option.collectonly:
+        runs = session.stash[_POOL_KEY] = _SessionRuns(Path(str(session.config.rootpath)))
+        for module in modules:
+            selected = [test.name for test in session.items if test.module is module]
+            module.script_runs(runs.pool, selected, runs.mktemp)
+    yield
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:

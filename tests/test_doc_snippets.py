@@ -67,7 +67,7 @@ def test_code_blocks_are_read_with_their_heading(tmp_path):
 
 def script_runs(pool, selected: list[str], mktemp) -> None:
     """Queue each selected block as ``snippet.py`` in a folder of its own (``script_pool``:
-    at the session's first test that may start processes)."""
+    before the session's first test)."""
     for run_id, code in SNIPPETS.items():
         if f"test_doc_snippet_runs_as_printed[{run_id}]" in selected:
             folder = mktemp("snippet")

@@ -193,8 +193,8 @@ MINATAR_TEST = "test_tianshou_minatar_example_trains_resumes_and_watches"
 
 
 def script_runs(pool, selected: list[str], mktemp) -> None:
-    """Queue the runs of this module's ``selected`` tests (``script_pool``: at the session's
-    first test that may start processes)."""
+    """Queue the runs of this module's ``selected`` tests (``script_pool``: before the session's
+    first test)."""
     for name in selected:
         if name in SCRIPTS:
             args, timeout = SCRIPTS[name]

@@ -65,7 +65,9 @@ def greedy_checks(results, metric: str, interval: int) -> list[tuple[int, float]
     return checks
 
 
-@pytest.mark.parametrize("seed", learning_seeds())
+# CI runs seed 3: seeds 0-4 reached 150 at the 3rd, 2nd, 2nd, 2nd and 2nd evaluation (13.5k, 9.8k,
+# 9.8k, 9.3k and 9.8k env steps) in one make test-long (2026-12-05)
+@pytest.mark.parametrize("seed", learning_seeds(ci=3))
 def test_gorila_cartpole_example_reaches_its_greedy_reward_as_test(
     ray_session, examples, tmp_path, seed, learning_curve
 ):

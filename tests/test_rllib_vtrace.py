@@ -853,6 +853,8 @@ def test_killed_runner_and_inference_server_restart_and_stop_leaves_no_actors(ra
     try:
         started = [name for i, name in alive_actor_classes().items() if i not in before]
         assert started.count("InferenceServer") == 1
+        # the runners hold no weights: no IMPALA EnvRunnerStateServer to carry them
+        assert "EnvRunnerStateServer" not in started, started
         for _ in range(10):
             result = algorithm.train()
             if result["central_inference"]["num_requests"] > 0:

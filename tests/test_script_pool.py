@@ -127,3 +127,61 @@ def test_a_retry_starts_from_the_output_folder_as_it_was_submitted(pool, tmp_pat
     runs = sorted(path.name for path in out.iterdir() if path.name.startswith("run-"))
     assert len(runs) == 1, runs
     assert (out / "given.txt").read_text() == "kept"
+
+
+SESSION_FAST = """
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+
+def test_a_fast_test_sees_the_run_start_and_may_not_start_one_itself():
+    started = Path("started")
+    deadline = time.monotonic() + 300
+    while not started.exists() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert started.exists(), "the session's run had not started during the fast tier"
+    subprocess.run(["true"], check=False)
+"""
+
+SESSION_RUNS = """
+import sys
+from pathlib import Path
+
+import pytest
+from script_pool import session_pool
+
+
+def script_runs(pool, selected, mktemp):
+    code = "from pathlib import Path; Path(%r).write_text('yes')" % str(Path("started").resolve())
+    (Path.cwd() / "run.py").write_text(code)
+    pool.submit("run", ["run.py"], timeout=120)
+
+
+@pytest.fixture
+def pool(request):
+    return session_pool(request)
+
+
+@pytest.mark.subprocess
+def test_waits_for_its_run(pool):
+    assert pool.output("run") == ""
+"""
+
+
+def test_the_sessions_runs_start_beside_the_fast_tier_whose_own_starts_are_refused(
+    pytester, monkeypatch
+):
+    """The runs are queued before the first test: a fast test sees one finish while it runs
+    (the pool's threads may start processes), and still may not start one itself."""
+    import script_pool
+
+    monkeypatch.setattr(script_pool, "PRELOAD", ())  # a zygote that starts in a second
+    pytester.makepyfile(test_a_fast=SESSION_FAST, test_b_runs=SESSION_RUNS)
+    result = pytester.runpytest_inprocess("-p", "tiers", "-p", "script_pool")
+    result.assert_outcomes(passed=1, failed=1)
+    output = result.stdout.str()
+    assert "ProcessStartedInFastTest: test_a_fast.py::test_a_fast_test_sees" in output
+    assert "AssertionError" not in output  # the run had started

@@ -20,11 +20,15 @@ import contextlib
 import multiprocessing.process
 import platform
 import subprocess
+import threading
 from collections.abc import Iterator
 
 import pytest
 
 TIER_MARKERS = ("ray", "subprocess", "long")
+#: Threads whose process starts the fast tier's guard lets through: the session's script runs
+#: (tests/script_pool.py), which start beside the fast tier
+BACKGROUND_THREAD_PREFIX = "script-runs"
 #: Fixtures whose users start Ray (directly or through a fixture built on them).
 RAY_FIXTURES = frozenset({"ray_session", "ray_nodes"})
 
@@ -71,19 +75,24 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 @contextlib.contextmanager
 def _no_process_starts(nodeid: str) -> Iterator[None]:
     def refuse(what: str) -> None:
+        if threading.current_thread().name.startswith(BACKGROUND_THREAD_PREFIX):
+            return
         raise ProcessStartedInFastTest(
             f"{nodeid} is a fast test (it carries none of the markers {TIER_MARKERS}) but "
             f"started a process ({what}). Mark it @pytest.mark.ray if it starts Ray (or request "
             "the ray_session fixture), @pytest.mark.subprocess if it runs a script"
         )
 
+    saved = subprocess.Popen._execute_child, multiprocessing.process.BaseProcess.start
+
     def popen_child(self, args, *rest, **kwargs):
         refuse(f"subprocess {args!r}"[:200])
+        return saved[0](self, args, *rest, **kwargs)
 
     def process_start(self):
         refuse(f"multiprocessing {type(self).__name__}")
+        return saved[1](self)
 
-    saved = subprocess.Popen._execute_child, multiprocessing.process.BaseProcess.start
     subprocess.Popen._execute_child = popen_child  # type: ignore[method-assign]
     multiprocessing.process.BaseProcess.start = process_start  # type: ignore[method-assign]
     try:
