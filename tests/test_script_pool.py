@@ -147,7 +147,6 @@ def test_a_fast_test_sees_the_run_start_and_may_not_start_one_itself():
 """
 
 SESSION_RUNS = """
-import sys
 from pathlib import Path
 
 import pytest
