@@ -21,7 +21,7 @@ from tianshou_plugins.buffer import DistributedPrioritizedReplayBuffer
 from tianshou_plugins.central_inference import CentralInference
 from tianshou_plugins.collector import GorilaCollector, GorilaCollectStats
 from tianshou_plugins.gorila_dqn import GorilaDQN, GorilaTrainingStats
-from tianshou_plugins.kernel_cache import cache_tianshou_buffer_kernels
+from tianshou_plugins.kernel_cache import cache_tianshou_kernels
 from tianshou_plugins.multi_agent import (
     MultiAgentDistributedReplayBuffer,
     MultiAgentGorilaDQN,
@@ -36,8 +36,8 @@ from tianshou_plugins.vtrace import (
 )
 from tianshou_plugins.vtrace_collector import VTraceCollector, VTraceCollectStats
 
-# Before any process of this package builds a VectorReplayBuffer: see kernel_cache.
-cache_tianshou_buffer_kernels()
+# Before any process of this package builds a policy or a buffer: see kernel_cache.
+cache_tianshou_kernels()
 
 __all__ = [
     "VTRACE_FLEET",

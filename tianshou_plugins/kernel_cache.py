@@ -1,19 +1,23 @@
-"""Tianshou's buffer kernels compiled once per machine, not once per process.
+"""Tianshou's numba kernels compiled once per machine, not once per process.
 
-Tianshou's ``ReplayBufferManager`` (behind every ``VectorReplayBuffer``) compiles two numba
-kernels, ``_prev_index`` and ``_next_index``, the first time a process builds one, and keeps
-them only in that process (they are ``@njit`` without ``cache=True``). Every process this
-package starts pays it: each actor runs Tianshou's own ``Collector`` over a
-``VectorReplayBuffer``, and so does every trainer's test collector. Measured here: 7.3 s of CPU
-for the first ``VectorReplayBuffer`` of a process, 0.9 s once the kernels come from numba's
-on-disk cache; an actor was ready after 12.7 s of CPU, 8 s of it this compile.
+Two Tianshou constructors compile numba kernels (``@njit`` without ``cache=True``), so every
+process compiles them afresh, and every process this package starts pays it:
 
-:func:`cache_tianshou_buffer_kernels` turns numba's on-disk cache on for the two kernels
-(``Dispatcher.enable_caching()``, what ``@njit(cache=True)`` does): the first process on a
-machine compiles and writes them next to Tianshou's sources (or, where those are read-only,
-to numba's per-user cache directory), every later one loads them. The cache is numba's own,
-keyed by the kernel's source file and signature, so a new Tianshou version compiles afresh.
-``tianshou_plugins`` calls it on import, before any buffer of its own is built.
+- ``Policy.__init__`` compiles ``_gae`` and ``_nstep_return`` (``tianshou.algorithm.
+  algorithm_base``): 4.9 s of CPU here; every trainer builds policies, and so does every SEED
+  actor (its ``ServerPolicy``) and every inference server;
+- ``ReplayBufferManager.__init__`` (behind every ``VectorReplayBuffer``) compiles
+  ``_prev_index`` and ``_next_index`` (``tianshou.data.buffer.manager``): 7.3 s; every actor
+  runs Tianshou's own ``Collector`` over a ``VectorReplayBuffer``, and so does every trainer's
+  test collector.
+
+An actor was ready after 12.7 s of CPU, 8 s of it compiling. :func:`cache_tianshou_kernels`
+turns numba's on-disk cache on for these four kernels (``Dispatcher.enable_caching()``, what
+``@njit(cache=True)`` does): the first process on a machine compiles them and writes them next
+to Tianshou's sources (or, where those are read-only, to numba's per-user cache directory);
+every later one loads them (0.8-0.9 s each group). The cache is numba's own, keyed by the
+kernel's source file and signature, so a new Tianshou version compiles afresh.
+``tianshou_plugins`` calls it on import, before any policy or buffer of its own is built.
 """
 
 from __future__ import annotations
@@ -23,16 +27,24 @@ import logging
 log = logging.getLogger(__name__)
 
 
-def cache_tianshou_buffer_kernels() -> bool:
-    """Let numba cache Tianshou's ``ReplayBufferManager`` kernels on disk (idempotent).
+def cache_tianshou_kernels() -> bool:
+    """Let numba cache the Tianshou kernels that ``Policy`` and ``ReplayBufferManager``
+    compile on construction (idempotent).
 
-    Returns whether both kernels now use numba's on-disk cache. Where numba finds no place to
-    write one (no writable source directory and no user cache directory), they compile in
-    every process as before, and this says so in the log."""
+    Returns whether all of them now use numba's on-disk cache. Where numba finds no place to
+    write one (no writable source directory and no user cache directory), that kernel
+    compiles in every process as before, and the log says so."""
+    from tianshou.algorithm import algorithm_base
     from tianshou.data.buffer import manager
 
+    kernels = (
+        algorithm_base._gae,
+        algorithm_base._nstep_return,
+        manager._prev_index,
+        manager._next_index,
+    )
     cached = True
-    for kernel in (manager._prev_index, manager._next_index):
+    for kernel in kernels:
         try:
             kernel.enable_caching()
         except RuntimeError as e:  # numba: "cannot cache function ...: no locator available"
