@@ -64,3 +64,18 @@ def test_caching_the_kernels_twice_is_harmless():
     from tianshou_plugins.kernel_cache import cache_tianshou_kernels
 
     assert cache_tianshou_kernels() and cache_tianshou_kernels()
+
+
+def test_a_tianshou_without_one_of_the_kernels_is_left_as_it_is_and_the_log_says_so(
+    monkeypatch, caplog
+):
+    import logging
+
+    from tianshou.data.buffer import manager
+
+    from tianshou_plugins.kernel_cache import cache_tianshou_kernels
+
+    monkeypatch.delattr(manager, "_prev_index")
+    with caplog.at_level(logging.INFO, logger="tianshou_plugins.kernel_cache"):
+        assert cache_tianshou_kernels() is False
+    assert "no numba kernel manager._prev_index" in caplog.text

@@ -32,22 +32,26 @@ def cache_tianshou_kernels() -> bool:
     compile on construction (idempotent).
 
     Returns whether all of them now use numba's on-disk cache. Where numba finds no place to
-    write one (no writable source directory and no user cache directory), that kernel
-    compiles in every process as before, and the log says so."""
+    write one (no writable source directory and no user cache directory), or a Tianshou
+    version no longer has the kernel, it is left as it is (compiled in every process), and the
+    log says so: a speed-up only, never a reason to fail."""
     from tianshou.algorithm import algorithm_base
     from tianshou.data.buffer import manager
 
-    kernels = (
-        algorithm_base._gae,
-        algorithm_base._nstep_return,
-        manager._prev_index,
-        manager._next_index,
-    )
+    kernels = {
+        "algorithm_base._gae": getattr(algorithm_base, "_gae", None),
+        "algorithm_base._nstep_return": getattr(algorithm_base, "_nstep_return", None),
+        "manager._prev_index": getattr(manager, "_prev_index", None),
+        "manager._next_index": getattr(manager, "_next_index", None),
+    }
     cached = True
-    for kernel in kernels:
+    for name, kernel in kernels.items():
         try:
-            kernel.enable_caching()
+            kernel.enable_caching()  # type: ignore[union-attr]
+        except AttributeError:  # not there, or not a numba kernel, in this Tianshou version
+            log.info("Tianshou has no numba kernel %s: nothing to cache", name)
+            cached = False
         except RuntimeError as e:  # numba: "cannot cache function ...: no locator available"
-            log.info("Tianshou's %s compiles in every process: %s", kernel.__name__, e)
+            log.info("Tianshou's %s compiles in every process: %s", name, e)
             cached = False
     return cached
