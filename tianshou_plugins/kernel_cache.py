@@ -38,20 +38,22 @@ def cache_tianshou_kernels() -> bool:
     from tianshou.algorithm import algorithm_base
     from tianshou.data.buffer import manager
 
-    kernels = {
-        "algorithm_base._gae": getattr(algorithm_base, "_gae", None),
-        "algorithm_base._nstep_return": getattr(algorithm_base, "_nstep_return", None),
-        "manager._prev_index": getattr(manager, "_prev_index", None),
-        "manager._next_index": getattr(manager, "_next_index", None),
-    }
     cached = True
-    for name, kernel in kernels.items():
-        try:
-            kernel.enable_caching()  # type: ignore[union-attr]
-        except AttributeError:  # not there, or not a numba kernel, in this Tianshou version
-            log.info("Tianshou has no numba kernel %s: nothing to cache", name)
+    for module, name in (
+        (algorithm_base, "_gae"),
+        (algorithm_base, "_nstep_return"),
+        (manager, "_prev_index"),
+        (manager, "_next_index"),
+    ):
+        label = f"{module.__name__.rsplit('.', 1)[-1]}.{name}"
+        kernel = getattr(module, name, None)
+        if not hasattr(kernel, "enable_caching"):  # not there, or not numba's, in this version
+            log.info("Tianshou has no numba kernel %s: nothing to cache", label)
             cached = False
+            continue
+        try:
+            kernel.enable_caching()
         except RuntimeError as e:  # numba: "cannot cache function ...: no locator available"
-            log.info("Tianshou's %s compiles in every process: %s", name, e)
+            log.info("Tianshou's %s compiles in every process: %s", label, e)
             cached = False
     return cached
