@@ -1,7 +1,8 @@
 """Pixel observations end to end: the Atari and MinAtar env makers, uint8 from the env through
 actors, replay (stored compressed) and learner to the network's first layer, and short training
 runs of GorilaDQN on Atari and MinAtar in both frameworks (tiny budgets: they check wiring, not
-learning)."""
+learning). RLlib's MinAtar runs are the example scripts' smoke runs
+(``tests/test_rllib_examples.py::test_minatar_example_runs_an_iteration_with_a_greedy_evaluation``)."""
 
 from __future__ import annotations
 
@@ -381,27 +382,3 @@ def test_rllib_vtrace_module_scales_uint8_inside_and_uses_the_nature_cnn():
         values = module.compute_values({Columns.OBS: torch.as_tensor(frames)})
     torch.testing.assert_close(a[Columns.ACTION_DIST_INPUTS], b[Columns.ACTION_DIST_INPUTS])
     torch.testing.assert_close(values, module.compute_values({Columns.OBS: as_floats}))
-
-
-def test_rllib_vtrace_trains_on_minatar(ray_session):
-    from rllib_plugins import VTraceConfig
-    from rllib_plugins.pixels import pixel_env
-
-    config = (
-        VTraceConfig()
-        .environment(pixel_env("minatar:breakout"))
-        .env_runners(num_env_runners=1, num_envs_per_env_runner=2, num_cpus_per_env_runner=0.1)
-        .training(lr=5e-4, train_batch_size_per_learner=200)
-        .reporting(min_sample_timesteps_per_iteration=200, min_time_s_per_iteration=0.5)
-    )
-    algo = config.build_algo()
-    try:
-        updated = 0
-        for _ in range(20):
-            result = algo.train()
-            updated = result["learners"]["__all_modules__"].get("num_module_steps_trained", 0)
-            if updated > 0:
-                break
-        assert updated > 0, result["learners"]
-    finally:
-        algo.stop()

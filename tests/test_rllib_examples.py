@@ -193,20 +193,13 @@ def test_tictactoe_example_beats_a_random_player_as_test(
 MINATAR_SCRIPTS = ("rllib_gorila_minatar", "rllib_vtrace_minatar")
 
 
-@pytest.mark.parametrize(
-    "script",
-    [
-        "rllib_gorila_minatar",
-        # make test-long for CI time (31 s); test_pixels trains VTrace on MinAtar in make test
-        pytest.param("rllib_vtrace_minatar", marks=pytest.mark.long),
-    ],
-)
+@pytest.mark.parametrize("script", MINATAR_SCRIPTS)
 def test_minatar_example_runs_an_iteration_with_a_greedy_evaluation(
     ray_session, examples, tmp_path, script
 ):
     """A tiny budget (1,000 env steps) through Tune, RLlib's greedy evaluation included, the
-    curve written: the pixel path (uint8 frames, the CNN, GorilaDQN's LZ4-compressed replay)
-    trains. (Pong's frames train in tests/test_pixels.py.)"""
+    curve written: the pixel path (uint8 frames, the CNN, GorilaDQN's LZ4-compressed replay,
+    VTrace's pixel actor-critic) trains. (Pong's frames train in tests/test_pixels.py.)"""
     example = examples(script)
     argv = [
         "--stop-timesteps=1000",
@@ -324,7 +317,6 @@ def test_asha_sweep_example_runs_each_trials_actors_in_its_placement_group(
     assert (tmp_path / "learning_curve.png").stat().st_size > 10_000
 
 
-@pytest.mark.long  # CI time (see the closing note of the stop that added it)
 def test_pbt_sweep_example_runs_its_trials_inside_their_placement_groups(
     ray_session, examples, tmp_path
 ):
@@ -356,7 +348,6 @@ TIANSHOU_SWEEPS = {
 }
 
 
-@pytest.mark.long  # CI time (see the closing note of the stop that added it)
 @pytest.mark.parametrize("script", sorted(TIANSHOU_SWEEPS))
 def test_tianshou_tune_example_reports_each_epoch_inside_the_trials_placement_group(
     ray_session, examples, tmp_path, script

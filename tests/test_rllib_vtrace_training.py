@@ -117,7 +117,7 @@ def test_gorila_dqn_in_seed_mode_learns_cartpole_within_env_step_budget(
 
 def test_tune_runs_a_vtrace_trial_by_name(ray_session, tmp_path):
     """A trial asks for 0.8 CPU (main 0.3, 2 runners x 0.2, server 0.1): two fit in 2 CPUs.
-    One trial runs (CI time; the PBT sweep example runs two in make test-long)."""
+    One trial runs, in SEED mode (the PBT sweep example runs two with local inference)."""
     from ray import tune
 
     from rllib_plugins import VTrace
