@@ -93,7 +93,9 @@ def main(argv: list[str] | None = None):
             name="tune_vtrace_pbt",
             storage_path=args.storage_path,
             stop={ENV_STEPS: args.max_env_steps},
-            checkpoint_config=tune.CheckpointConfig(num_to_keep=2),
+            # more than 2: a trial that exploits another restores the checkpoint PBT chose,
+            # which must outlive the newer ones that trial saves meanwhile (Tune warns at 2)
+            checkpoint_config=tune.CheckpointConfig(num_to_keep=4),
             verbose=1,
             progress_reporter=tune.CLIReporter(
                 metric_columns={ENV_STEPS: "env steps", EVAL_RETURN: "greedy"},
