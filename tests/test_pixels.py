@@ -361,21 +361,29 @@ def test_rllib_gorila_trains_on_pixels_with_compressed_uint8_replay(ray_session,
         algo.stop()
 
 
-def test_rllib_vtrace_module_scales_uint8_inside_and_uses_the_nature_cnn():
+@pytest.mark.parametrize("env", ["ALE/Pong-v5", "minatar:breakout"], ids=["atari", "minatar"])
+def test_rllib_vtrace_module_scales_uint8_inside_and_uses_the_nature_cnn(env):
+    """VTrace's default module on each pixel env's own spaces (no model config: what a user
+    gets from ``VTraceConfig().environment(pixel_env(...))``): the Nature CNN for Atari's 84x84
+    frames, RLlib's catalog encoder for MinAtar's 10x10 grids."""
     from ray.rllib.core.columns import Columns
 
     from rllib_plugins import VTraceConfig
-    from rllib_plugins.pixels import PixelPPOTorchRLModule
+    from rllib_plugins.pixels import PixelEnvCreator, PixelPPOTorchRLModule
 
-    space = gym.spaces.Box(0, 255, (84, 84, 4), np.uint8)
-    config = VTraceConfig().environment(
-        observation_space=space, action_space=gym.spaces.Discrete(6)
-    )
+    made = PixelEnvCreator(env)()
+    try:
+        space, actions = made.observation_space, made.action_space
+    finally:
+        made.close()
+    config = VTraceConfig().environment(observation_space=space, action_space=actions)
     module = config.get_rl_module_spec().build()
     assert isinstance(module, PixelPPOTorchRLModule)
-    assert_nature_convs(module)
-    frames = np.random.default_rng(0).integers(0, 256, (2, 84, 84, 4), dtype=np.uint8)
-    as_floats = torch.as_tensor(frames / 255.0, dtype=torch.float32)
+    if env.startswith("ALE/"):
+        assert_nature_convs(module)
+    high = int(space.high.max())  # 255 for Atari frames, 1 for MinAtar's 0/1 channels
+    frames = np.random.default_rng(0).integers(0, high + 1, (2, *space.shape), dtype=np.uint8)
+    as_floats = torch.as_tensor(frames / high, dtype=torch.float32)
     with torch.no_grad():
         a = module.forward_train({Columns.OBS: torch.as_tensor(frames)})
         b = module.forward_train({Columns.OBS: as_floats})
