@@ -362,7 +362,7 @@ def test_rllib_gorila_trains_on_pixels_with_compressed_uint8_replay(ray_session,
 
 
 @pytest.mark.parametrize("env", ["ALE/Pong-v5", "minatar:breakout"], ids=["atari", "minatar"])
-def test_rllib_vtrace_module_scales_uint8_inside_and_uses_the_nature_cnn(env):
+def test_rllib_vtrace_default_module_scales_uint8_inside_on_each_pixel_env(env):
     """VTrace's default module on each pixel env's own spaces (no model config: what a user
     gets from ``VTraceConfig().environment(pixel_env(...))``): the Nature CNN for Atari's 84x84
     frames, RLlib's catalog encoder for MinAtar's 10x10 grids."""
@@ -381,6 +381,8 @@ def test_rllib_vtrace_module_scales_uint8_inside_and_uses_the_nature_cnn(env):
     assert isinstance(module, PixelPPOTorchRLModule)
     if env.startswith("ALE/"):
         assert_nature_convs(module)
+    else:  # a convolutional encoder still, not an MLP over the flattened grid
+        assert any(isinstance(m, torch.nn.Conv2d) for m in module.modules())
     high = int(space.high.max())  # 255 for Atari frames, 1 for MinAtar's 0/1 channels
     frames = np.random.default_rng(0).integers(0, high + 1, (2, *space.shape), dtype=np.uint8)
     as_floats = torch.as_tensor(frames / high, dtype=torch.float32)
