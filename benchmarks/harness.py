@@ -378,7 +378,8 @@ def markdown(race: Race, summary: dict) -> str:
         "runs is slower than its IQM says. IQM: the mean of the middle half of the runs, with "
         f"its 95 % bootstrap interval. Ratio: IQM(arm) / IQM({race.baseline}), its 95 % "
         'interval from resampling each arm on its own; "faster" only where the interval\'s '
-        "upper end is below 1. P(better): the chance a run of the arm reaches the target "
+        'upper end is below 1 and every seed of both arms is in ("pending" until then). '
+        "P(better): the chance a run of the arm reaches the target "
         f"sooner than one of {race.baseline} (ties count half).",
         "",
     ]
@@ -386,7 +387,7 @@ def markdown(race: Race, summary: dict) -> str:
         if not arms:
             lines += [f"## {env}", "", "No runs yet.", ""]
             continue
-        lines += [f"## {env}", "", *env_table(arms, race.baseline), ""]
+        lines += [f"## {env}", "", *env_table(arms, race.baseline, len(race.seeds)), ""]
         if race.retention:
             lines += [
                 "After the target (every run went on to its cap): the evaluations after each "
@@ -404,10 +405,19 @@ def markdown(race: Race, summary: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def env_table(arms: dict, baseline: str) -> list[str]:
+def faster_cell(arm: dict, base: dict, seeds: int) -> str:
+    """ "yes" where the ratio's interval lies below 1, "not shown" where it does not, "pending"
+    while the arm or the baseline has fewer than the race's ``seeds`` runs."""
+    if min(arm["runs"], base["runs"]) < seeds:
+        return "pending"
+    return "yes" if arm["faster"] else "not shown"
+
+
+def env_table(arms: dict, baseline: str, seeds: int) -> list[str]:
     """The markdown table of one env's summary (:func:`summarize`): per arm the runs that
     reached the target, the IQM with its interval, the ratio to ``baseline`` with its interval,
-    whether "faster" holds and the probability of improvement."""
+    whether "faster" holds and the probability of improvement. "Faster" is "pending" until
+    the arm and the baseline each have all ``seeds`` runs in."""
     lines = [
         "| arm | runs reached | IQM s [95 % interval] | ratio [95 % interval] | faster | "
         "P(better) |",
@@ -418,7 +428,7 @@ def env_table(arms: dict, baseline: str) -> list[str]:
         if "ratio_to_baseline" in arm:
             r_low, r_high = arm["ratio_interval"]
             ratio = f"{arm['ratio_to_baseline']:.2f} [{r_low:.2f}, {r_high:.2f}]"
-            faster = "yes" if arm["faster"] else "not shown"
+            faster = faster_cell(arm, arms[baseline], seeds)
             better = f"{arm['probability_of_improvement']:.2f}"
         elif name == baseline:
             ratio, faster, better = "baseline", "", ""

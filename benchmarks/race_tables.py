@@ -119,7 +119,7 @@ def headline(reports: list[dict]) -> str:
                     f"{_interval(arm['iqm_s'], *arm['iqm_interval_s'], unit=' s')} | "
                     f"{baseline} | {_interval(base['iqm_s'], *base['iqm_interval_s'], unit=' s')}"
                     f" | {_interval(arm['ratio_to_baseline'], *arm['ratio_interval'])} | "
-                    f"{'yes' if arm['faster'] else 'not shown'} | {runs} |"
+                    f"{harness.faster_cell(arm, base, len(report['seeds']))} | {runs} |"
                 )
     return "\n".join(lines) + "\n"
 
@@ -146,7 +146,12 @@ def page(reports: list[dict]) -> str:
             if not arms:
                 lines += [f"**{env}**: no runs yet.", ""]
                 continue
-            lines += [f"**{env}**", "", *harness.env_table(arms, report["baseline"]), ""]
+            lines += [
+                f"**{env}**",
+                "",
+                *harness.env_table(arms, report["baseline"], len(report["seeds"])),
+                "",
+            ]
             if report.get("retention"):
                 lines += [
                     "After the target (every run went on to its cap; evaluations after each "

@@ -90,6 +90,24 @@ def test_a_race_still_running_says_how_many_runs_are_in(tmp_path):
     assert "still running: 3 of 8 runs in" in race_tables.page([report])
 
 
+def test_no_table_claims_faster_before_every_seed_of_both_arms_is_in(tmp_path):
+    """Two seeds of four, ours far ahead in both: the interval is below 1, but the claim waits
+    for the race's seeds (the README, the benchmarks page and the race's own report)."""
+    race = _race()
+    _write_runs(tmp_path, race, {"ours": [10, 11], "theirs": [None, None]})
+    harness.write_report(race, tmp_path)
+    (report,) = race_tables.load_reports(tmp_path)
+    assert report["summary"]["CartPole-v1"]["ours"]["ratio_interval"][1] < 1
+    assert race_tables.headline([report]).splitlines()[2].endswith("| pending | 4/8 (running) |")
+    for text in (race_tables.page([report]), (tmp_path / "toy.md").read_text()):
+        assert "| ours | 2/2 |" in text and "| pending |" in text and "| yes |" not in text
+    _write_runs(tmp_path, race, {"ours": [10, 11, 12, 13], "theirs": [None] * 4})
+    harness.write_report(race, tmp_path)
+    (report,) = race_tables.load_reports(tmp_path)
+    assert race_tables.headline([report]).splitlines()[2].endswith("| yes | 8/8 |")
+    assert "| yes |" in (tmp_path / "toy.md").read_text()
+
+
 def test_an_env_without_runs_yet_says_so(tmp_path):
     race = _race(envs=("CartPole-v1", "SlowCartPole-v1"))
     _write_runs(tmp_path, race, {"ours": [10], "theirs": [40]})
