@@ -5,13 +5,14 @@ actor-critic module with its CNN encoder (the uint8 frames are scaled inside the
 Its target is a greedy mean return of 4, eight times the random policy's (about 0.5), within 1M
 env steps; not the GorilaDQN script's 10, which this recipe does not reach. On this 2-core
 machine (2026-12-05, about 5k env steps/s) its greedy return reached 4 at 400k, 460k and 290k
-env steps (seeds 0-2) and then stalled at 4.4-5.9, under every change tried on seed 0 up to 1M
-env steps as well: entropy weight 0.03 or 0.1, two passes over each batch, 6x more updates
-(20-step fragments, batches of 160), a value network of its own with weight 0.5, a wider
-network (32 filters, two 256-unit layers) with lambda 0.95; and up to 2M env steps with lr 1e-3
-or value weight 0.5. RLlib's PPO with the same network (4 epochs of 256-row minibatches, GAE
-0.95) got to 4 sooner (82k env steps) but stalled too, at 6.0-6.6 by 1M. GorilaDQN's script
-gets past this stall (10 within 1M env steps).
+env steps (seeds 0-2) and then stayed at 4.2-5.9. So it did on seed 0, up to 1M env steps,
+under every change tried (one evaluation dipped to 1.3 with entropy weight 0.1): entropy
+weight 0.03 or 0.1, two passes over each batch, 6x more updates (20-step fragments, batches of
+160), a value network of its own with weight 0.5, a wider network (32 filters, two 256-unit
+layers) with lambda 0.95; and up to 2M env steps with lr 1e-3 or value weight 0.5. RLlib's PPO
+with the same network (4 epochs of 256-row minibatches, GAE 0.95) got to 4 sooner (82k env
+steps) but stalled too, at 6.0-6.6 by 1M. GorilaDQN's script gets past this stall (10 within 1M
+env steps).
 
 Local inference by default (each env runner acts with its own copy of the policy; with a GPU in
 the cluster the learner trains there); ``--central`` acts through one inference server (SEED),
