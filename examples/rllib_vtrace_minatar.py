@@ -7,7 +7,7 @@ env steps; not the GorilaDQN script's 10, which this recipe does not reach. On t
 machine (2026-12-05, about 5k env steps/s) its greedy return reached 4 at 400k, 460k and 290k
 env steps (seeds 0-2) and then stayed at 4.2-5.9. So it did on seed 0, up to 1M env steps,
 under every change tried (one evaluation dipped to 1.3 with entropy weight 0.1): entropy
-weight 0.03 or 0.1, two passes over each batch, 6x more updates (20-step fragments, batches of
+weight 0.03 or 0.1, two passes over each batch, 5x more updates (20-step fragments, batches of
 160), a value network of its own with weight 0.5, a wider network (32 filters, two 256-unit
 layers) with lambda 0.95; and up to 2M env steps with lr 1e-3 or value weight 0.5. RLlib's PPO
 with the same network (4 epochs of 256-row minibatches, GAE 0.95) got to 4 sooner (82k env
