@@ -4,11 +4,13 @@ The learner runs in this process on batches drawn from an in-memory stand-in for
 (pre-made rows, so that what is measured is the learner: batch conversion, RLlib's
 ``Learner.update``, the loss, the optimizer, the priorities), for the CartPole MLP and the
 MinAtar network, at several batch sizes, with ``updates_per_learner_call`` (k updates fused
-into one ``Learner.update`` call) at 1 (one call per update) and more. Each setting runs
-``--rounds`` times, the settings interleaved within a round; the table gives the median.
+into one call) at 1 (one call per update) and more, each on the learner's lean step and on
+RLlib's own step (:func:`rllib_step_classes`, the learner as it was before the lean path). Each
+setting runs ``--rounds`` times, the settings interleaved within a round; the table gives the
+median and the ratio to RLlib's step at the first k.
 
     .venv/bin/python benchmarks/learner_bench.py                 # the table
-    .venv/bin/python benchmarks/learner_bench.py --profile       # plus a profile of k=1, B=128
+    .venv/bin/python benchmarks/learner_bench.py --profile       # plus a profile (lean, k=1, B=128)
 
 Writes ``benchmarks/results/learner_bench.{json,md}``.
 """
@@ -71,11 +73,81 @@ class PooledReplay:
         pass
 
 
-def build_learner(net: str, batch_size: int, k: int):
+def rllib_step_classes():
+    """``(learner class, module class)``: GorilaDQN's learner and module on RLlib's own
+    gradient step, as they were before the lean path (the baseline here, and the reference
+    the lean path is tested against): the DQN module's training forward (the online network
+    over observations and next observations stacked, with gradients; RLlib's dueling
+    combination; ``train()`` on every call), RLlib's clipping and NaN/inf checks, Adam's
+    per-tensor loop, and one ``Learner.update`` per fused call (RLlib's minibatch iterator splits
+    k batches back, its hooks and steps-trained metrics run per call)."""
+    from ray.rllib.algorithms.dqn.default_dqn_rl_module import QF_PREDS
+    from ray.rllib.algorithms.dqn.torch.default_dqn_torch_rl_module import (
+        DefaultDQNTorchRLModule,
+    )
+    from ray.rllib.core.columns import Columns
+    from ray.rllib.core.learner.learner import Learner
+    from ray.rllib.core.learner.torch.torch_learner import TorchLearner
+    from ray.rllib.policy.sample_batch import MultiAgentBatch
+
+    from rl_dist_ext.ops.dqn import mask_q_values
+    from rllib_plugins.action_masking import ActionMaskingDQNTorchRLModule, split_masked
+    from rllib_plugins.gorila_learner import GorilaDQNTorchLearner, replay_rows_to_batch
+    from rllib_plugins.pixels import to_network_input
+
+    class RLlibStepModule(ActionMaskingDQNTorchRLModule):
+        _forward_train = DefaultDQNTorchRLModule._forward_train
+        train = torch.nn.Module.train
+
+        def _qf_forward_helper(self, batch, encoder, head):  # RLlib's, masked after
+            obs, mask = split_masked(batch[Columns.OBS])
+            batch = {**batch, Columns.OBS: to_network_input(obs, self._pixel_scale)}
+            out = DefaultDQNTorchRLModule._qf_forward_helper(self, batch, encoder, head)
+            out[QF_PREDS] = mask_q_values(out[QF_PREDS], mask)
+            return out
+
+    class RLlibStepLearner(GorilaDQNTorchLearner):
+        postprocess_gradients_for_module = Learner.postprocess_gradients_for_module
+        apply_gradients = TorchLearner.apply_gradients
+
+        def configure_optimizers_for_module(self, module_id, config=None) -> None:
+            TorchLearner.configure_optimizers_for_module(self, module_id, config)
+
+        def fused_update(self, batches) -> None:
+            def concat(name: str, module: str) -> np.ndarray:
+                return np.concatenate([samples[module].batch[name] for samples in batches])
+
+            modules = list(batches[0])
+            fused = MultiAgentBatch(
+                {
+                    module: replay_rows_to_batch(
+                        {name: concat(name, module) for name in batches[0][module].batch},
+                        np.concatenate([samples[module].weights for samples in batches]),
+                    )
+                    for module in modules
+                },
+                env_steps=sum(max(len(s.keys) for s in samples.values()) for samples in batches),
+            )
+            self.update(
+                batch=fused,
+                timesteps={},
+                minibatch_size=self.config.train_batch_size_per_learner
+                if len(batches) > 1
+                else None,
+                num_epochs=1,
+                _no_metrics_reduce=True,
+            )
+
+    return RLlibStepLearner, RLlibStepModule
+
+
+def build_learner(net: str, batch_size: int, k: int, path: str = "lean"):
     """GorilaDQN's learner for ``net`` with batch ``batch_size`` and k updates per call,
-    connected to a :class:`PooledReplay`."""
+    connected to a :class:`PooledReplay`; ``path="rllib"``: on RLlib's own step
+    (:func:`rllib_step_classes`)."""
     import gymnasium as gym
     from ray.rllib.core import DEFAULT_MODULE_ID
+    from ray.rllib.core.rl_module.rl_module import RLModuleSpec
 
     from rllib_plugins import GorilaDQNConfig
 
@@ -84,6 +156,11 @@ def build_learner(net: str, batch_size: int, k: int):
         .learners(num_learners=0)
         .training(train_batch_size_per_learner=batch_size, updates_per_learner_call=k)
     )
+    if path == "rllib":
+        learner_class, module_class = rllib_step_classes()
+        config = config.learners(learner_class=learner_class).rl_module(
+            rl_module_spec=RLModuleSpec(module_class=module_class)
+        )
     if net == "mlp":
         env = gym.make("CartPole-v1")
         config = config.environment("CartPole-v1")
@@ -124,11 +201,15 @@ def profile(learner, updates: int = 400) -> str:
     return out.getvalue()
 
 
+PATHS = ("rllib", "lean")
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--nets", nargs="+", choices=NETS, default=list(NETS))
     parser.add_argument("--batch-sizes", type=int, nargs="+", default=[32, 128, 512])
-    parser.add_argument("--k", type=int, nargs="+", default=[1, 4, 8], help="updates per call")
+    parser.add_argument("--k", type=int, nargs="+", default=[1, 4], help="updates per call")
+    parser.add_argument("--paths", nargs="+", choices=PATHS, default=list(PATHS))
     parser.add_argument("--seconds", type=float, default=3.0, help="per setting and round")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--profile", action="store_true", help="profile k=1, B=128 (MLP)")
@@ -137,7 +218,13 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
 
-    settings = [(n, b, k) for n in args.nets for b in args.batch_sizes for k in args.k]
+    settings = [
+        (n, b, k, p)
+        for n in args.nets
+        for b in args.batch_sizes
+        for k in args.k
+        for p in args.paths
+    ]
     learners = {setting: build_learner(*setting) for setting in settings}
     rates: dict[tuple, list[float]] = {setting: [] for setting in settings}
     for round_ in range(args.rounds):
@@ -145,17 +232,18 @@ def main(argv: list[str] | None = None) -> None:
             rates[setting].append(updates_per_s(learners[setting], args.seconds))
             print(f"round {round_}: {setting}: {rates[setting][-1]:.0f} updates/s", flush=True)
     rows = []
-    for net, batch, k in settings:
-        median = statistics.median(rates[(net, batch, k)])
-        base = statistics.median(rates[(net, batch, args.k[0])])
+    for net, batch, k, path in settings:
+        median = statistics.median(rates[(net, batch, k, path)])
+        base = statistics.median(rates[(net, batch, args.k[0], args.paths[0])])
         rows.append(
             {
                 "net": net,
                 "batch_size": batch,
                 "updates_per_call": k,
+                "path": path,
                 "updates_per_s": round(median, 1),
-                "rounds": [round(r, 1) for r in rates[(net, batch, k)]],
-                "vs_first_k": round(median / base, 2),
+                "rounds": [round(r, 1) for r in rates[(net, batch, k, path)]],
+                "vs_baseline": round(median / base, 2),
             }
         )
     report = {
@@ -165,29 +253,37 @@ def main(argv: list[str] | None = None) -> None:
         "params": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
         "rows": rows,
     }
+    baseline = f"{args.paths[0]}, k={args.k[0]}"
     lines = [
         "# GorilaDQN's RLlib learner: gradient updates per second",
         "",
         f"In-process learner, one torch thread, batches from a pre-made pool; median of "
         f"{args.rounds} rounds of {args.seconds:g} s per setting (interleaved). "
-        f"`k`: updates fused into one `Learner.update` call (1 = one call per update).",
+        f"`k`: updates fused into one call (1 = one call per update). `path`: `rllib` is "
+        f"RLlib's own gradient step (the learner before the lean path: the module's forward "
+        f"over observations and next observations with gradients, RLlib's clipping and NaN "
+        f"checks, Adam's per-tensor loop, one `Learner.update` per call); `lean` is the "
+        f"learner's step (`rllib_plugins/lean_gradients.py`, `GorilaDQNTorchLearner."
+        f"fused_update`, the module's `_forward_train`). Ratios are to `{baseline}` of the "
+        f"same net and batch, measured in the same run.",
         "",
-        f"| net | batch | k | updates/s | rounds | vs k={args.k[0]} |",
-        "|---|---|---|---|---|---|",
+        f"| net | batch | k | path | updates/s | rounds | vs {baseline} |",
+        "|---|---|---|---|---|---|---|",
         *(
-            f"| {r['net']} | {r['batch_size']} | {r['updates_per_call']} | "
+            f"| {r['net']} | {r['batch_size']} | {r['updates_per_call']} | {r['path']} | "
             f"{r['updates_per_s']:.0f} | {', '.join(f'{x:.0f}' for x in r['rounds'])} | "
-            f"{r['vs_first_k']:.2f}x |"
+            f"{r['vs_baseline']:.2f}x |"
             for r in rows
         ),
     ]
     if args.profile:
-        learner = learners.get(("mlp", 128, 1)) or build_learner("mlp", 128, 1)
+        setting = ("mlp", 128, 1, "lean")
+        learner = learners.get(setting) or build_learner(*setting)
         text = profile(learner, args.profile_updates)
         report["profile_mlp_b128_k1"] = text
         lines += [
             "",
-            f"## Profile: MLP, batch 128, k = 1 ({args.profile_updates} updates, own time)",
+            f"## Profile: MLP, batch 128, k = 1, lean ({args.profile_updates} updates, own time)",
             "",
             "```",
         ]

@@ -13,7 +13,10 @@ a ``Dict`` observation, and its epsilon-greedy exploration draws from every acti
   (acting; RLlib's own DQN learner, which samples whole observations), the online and target
   Q-values are masked; given the flattened observation alone (GorilaDQN's learner, which gets the
   mask of the bootstrap observation as a replay column), they are not and the loss masks the action
-  selection (``double_dqn_loss(next_action_mask=...)``).
+  selection (``double_dqn_loss(next_action_mask=...)``). Its training forward takes gradients
+  through the Q-values of the sampled observations only: the online Q-values of the next
+  observations (which only select the bootstrap action) and the target Q-values are computed
+  without a graph, so the backward pass runs over B rows instead of RLlib's 2B.
 - :class:`RandomLegalActionRLModule`: an opponent that plays uniformly random legal moves (for
   "against a random opponent"; RLlib's example ``RandomRLModule`` ignores masks and, in
   PettingZoo's classic envs, loses every game by an illegal move).
@@ -26,9 +29,14 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 import torch
-from ray.rllib.algorithms.dqn.default_dqn_rl_module import QF_PREDS
+from ray.rllib.algorithms.dqn.default_dqn_rl_module import (
+    QF_NEXT_PREDS,
+    QF_PREDS,
+    QF_TARGET_NEXT_PREDS,
+)
 from ray.rllib.algorithms.dqn.torch.default_dqn_torch_rl_module import DefaultDQNTorchRLModule
 from ray.rllib.core.columns import Columns
+from ray.rllib.core.models.base import ENCODER_OUT
 from ray.rllib.core.rl_module.torch.torch_rl_module import TorchRLModule
 
 from rl_dist_ext.observations import pixel_scale
@@ -86,9 +94,46 @@ class ActionMaskingDQNTorchRLModule(DefaultDQNTorchRLModule):
 
     def _qf_forward_helper(self, batch: dict, encoder: Any, head: Any) -> dict:
         obs, mask = split_masked(batch[Columns.OBS])
-        obs = to_network_input(obs, self._pixel_scale)
-        out = super()._qf_forward_helper({**batch, Columns.OBS: obs}, encoder, head)
+        batch = {**batch, Columns.OBS: to_network_input(obs, self._pixel_scale)}
+        if self.uses_dueling and self.num_atoms == 1 and Columns.STATE_IN not in batch:
+            # RLlib's dueling combination; its advantage mean skips -inf entries (nanmean of
+            # nan_to_num), which an unmasked head never holds (masks apply below), so a plain
+            # mean gives the same Q-values in two kernels fewer per forward.
+            features = encoder(batch)[ENCODER_OUT]
+            advantages = head["af"](features)
+            q = advantages - advantages.mean(dim=-1, keepdim=True) + head["vf"](features)
+            out = {QF_PREDS: q}
+        else:
+            out = super()._qf_forward_helper(batch, encoder, head)
         out[QF_PREDS] = mask_q_values(out[QF_PREDS], mask)
+        return out
+
+    def train(self, mode: bool = True) -> ActionMaskingDQNTorchRLModule:
+        """Set training mode only where some submodule is in the other mode: RLlib's
+        ``forward_train`` calls ``train()`` before every training forward, which otherwise walks
+        and re-sets every submodule of the online and target networks each gradient step."""
+        if any(module.training != mode for module in self.modules()):
+            super().train(mode)
+        return self
+
+    def _forward_train(self, batch: dict, **kwargs: Any) -> dict:
+        """RLlib's DQN training outputs (``QF_PREDS``, ``QF_NEXT_PREDS`` with double Q,
+        ``QF_TARGET_NEXT_PREDS``) with gradients through ``QF_PREDS`` only.
+
+        RLlib's module runs the online network once over the observations and the next
+        observations stacked, with gradients, so its backward pass covers 2B rows; the next
+        observations' online Q-values only pick the bootstrap action (an argmax, which passes
+        no gradient), so they are computed here without a graph, as are the target's.
+        Distributional and stateful modules take RLlib's forward (as does an inference-only
+        module, which it refuses)."""
+        if self.inference_only or self.num_atoms > 1 or Columns.STATE_IN in batch:
+            return super()._forward_train(batch, **kwargs)
+        out = {QF_PREDS: self.compute_q_values({Columns.OBS: batch[Columns.OBS]})[QF_PREDS]}
+        next_obs = {Columns.OBS: batch[Columns.NEXT_OBS]}
+        with torch.no_grad():
+            if self.uses_double_q:
+                out[QF_NEXT_PREDS] = self.compute_q_values(next_obs)[QF_PREDS]
+            out[QF_TARGET_NEXT_PREDS] = self.forward_target(next_obs)[QF_PREDS]
         return out
 
     def _forward_inference(self, batch: dict, **kwargs: Any) -> dict:

@@ -209,10 +209,12 @@ class GorilaDQNConfig(CentralInferenceSettingsMixin, DQNConfig):
             weight_sync_every_n_steps: env runners pull newer weights every K of their env
                 steps.
             updates_per_iteration: gradient updates per ``train()`` call.
-            updates_per_learner_call: gradient updates fused into one ``Learner.update``
-                call (k batches of ``train_batch_size_per_learner`` rows, sampled before the
-                call, stepped in order), so RLlib's per-call cost is paid once per k; the
-                target sync, the weights version and each batch's priorities stay per update.
+            updates_per_learner_call: gradient updates fused into one learner call (k
+                batches of ``train_batch_size_per_learner`` rows, sampled before the call,
+                stepped in order); the target sync, the weights version and each batch's
+                priorities stay per update. The learner's step does not go through RLlib's
+                ``Learner.update`` (it runs RLlib's ``_update`` on each batch), so k = 1 is
+                about as fast as larger k (``benchmarks/learner_bench.py``).
             env_steps_per_request: env steps per acting request to a runner.
             publish_every_n_updates: the learner publishes its weights every this many
                 gradient updates.

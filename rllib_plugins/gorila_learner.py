@@ -5,7 +5,11 @@ distributed replay with prefetch -> gradient step -> priorities back -> target e
 updates -> publish every P); this class only translates: replay rows to an RLlib batch, the loss
 to the shared importance-weighted double-DQN loss (``rl_dist_ext.ops.dqn.double_dqn_loss``), and
 each gradient step RLlib's ``Learner._update`` takes to the core's clock (so ``k`` updates can
-share one ``Learner.update`` call: ``training(updates_per_learner_call=k)``).
+share one call: ``training(updates_per_learner_call=k)``). The update path is lean: the module's
+training forward takes gradients over the sampled observations only
+(``ActionMaskingDQNTorchRLModule._forward_train``), the gradients are clipped, checked and applied
+in one pass each (:mod:`rllib_plugins.lean_gradients`), and a fused call runs RLlib's step
+without ``Learner.update``'s per-call batch iterator (:meth:`GorilaDQNTorchLearner.fused_update`).
 
 Several learners (``num_learners > 1``): RLlib's learner group runs N copies in lock step with
 torch DDP averaging their gradients; each samples its own prioritized batches and updates their
@@ -34,13 +38,24 @@ from ray.rllib.algorithms.dqn.torch.dqn_torch_learner import DQNTorchLearner
 from ray.rllib.core import DEFAULT_MODULE_ID
 from ray.rllib.core.columns import Columns
 from ray.rllib.core.learner.utils import update_target_network
-from ray.rllib.policy.sample_batch import MultiAgentBatch, SampleBatch
-from ray.rllib.utils.metrics import ALL_MODULES, NUM_TARGET_UPDATES
+from ray.rllib.policy.sample_batch import SampleBatch
+from ray.rllib.utils.metrics import (
+    ALL_MODULES,
+    MODULE_TRAIN_BATCH_SIZE_MEAN,
+    NUM_ENV_STEPS_TRAINED,
+    NUM_ENV_STEPS_TRAINED_LIFETIME,
+    NUM_MODULE_STEPS_TRAINED,
+    NUM_MODULE_STEPS_TRAINED_LIFETIME,
+    NUM_TARGET_UPDATES,
+    WEIGHTS_SEQ_NO,
+)
 from ray.rllib.utils.numpy import convert_to_numpy
+from ray.rllib.utils.torch_utils import convert_to_torch_tensor
 
 from rl_dist_ext.gorila import NEXT_ACTION_MASK, GorilaLearner, GorilaLearnerCounters
 from rl_dist_ext.ops.dqn import double_dqn_loss
 from rl_dist_ext.replay.prioritized import ReplaySample
+from rllib_plugins.lean_gradients import LeanGradients
 from rllib_plugins.multi_agent import OptimizeTrainedModulesOnly, trained_module_ids
 
 DISCOUNTS = "discounts"
@@ -63,12 +78,47 @@ def replay_rows_to_batch(rows: dict[str, np.ndarray], weights: np.ndarray) -> Sa
     return SampleBatch(columns)
 
 
-def _concat(samples: list[ReplaySample]) -> tuple[dict[str, np.ndarray], np.ndarray]:
-    """Rows and importance weights of several replay samples, one after another."""
-    if len(samples) == 1:
-        return samples[0].batch, samples[0].weights
-    rows = {name: np.concatenate([s.batch[name] for s in samples]) for name in samples[0].batch}
-    return rows, np.concatenate([s.weights for s in samples])
+class TrainedSteps:
+    """Rows trained per module over several gradient steps, logged under RLlib's steps-trained
+    keys as its ``Learner.update`` logs them (``Learner._log_steps_trained_metrics``): sums
+    and lifetime sums per module and over all modules, env steps (the largest module batch of
+    each step), the mean batch size per module and the weights sequence number."""
+
+    def __init__(self) -> None:
+        self.rows: dict[str, int] = {}
+        self.steps: dict[str, int] = {}
+        self.env_steps = 0
+
+    def add(self, rows: dict[str, int]) -> None:
+        """One gradient step that trained ``rows[module]`` rows of each module."""
+        for module, n in rows.items():
+            self.rows[module] = self.rows.get(module, 0) + n
+            self.steps[module] = self.steps.get(module, 0) + 1
+        self.env_steps += max(rows.values())
+
+    def log(self, metrics, *, weights_seq_no: int) -> None:
+        if not self.rows:
+            return
+        for module, rows in self.rows.items():
+            metrics.log_value((module, WEIGHTS_SEQ_NO), weights_seq_no, window=1)
+            metrics.log_value(
+                (module, MODULE_TRAIN_BATCH_SIZE_MEAN), rows / self.steps[module], reduce="mean"
+            )
+            metrics.log_value((module, NUM_MODULE_STEPS_TRAINED), rows, reduce="sum")
+            metrics.log_value(
+                (module, NUM_MODULE_STEPS_TRAINED_LIFETIME),
+                rows,
+                reduce="lifetime_sum",
+                with_throughput=True,
+            )
+        total = sum(self.rows.values())
+        for key, value, reduce in (
+            (NUM_MODULE_STEPS_TRAINED, total, "sum"),
+            (NUM_MODULE_STEPS_TRAINED_LIFETIME, total, "lifetime_sum"),
+            (NUM_ENV_STEPS_TRAINED, self.env_steps, "sum"),
+            (NUM_ENV_STEPS_TRAINED_LIFETIME, self.env_steps, "lifetime_sum"),
+        ):
+            metrics.log_value((ALL_MODULES, key), value, reduce=reduce, with_throughput=True)
 
 
 class WeightsSinks:
@@ -85,8 +135,11 @@ class WeightsSinks:
         return self._parameter_server.publish(weights, version)
 
 
-class GorilaDQNTorchLearner(GorilaLearnerCounters, OptimizeTrainedModulesOnly, DQNTorchLearner):
-    """Double DQN with importance weights, fed from the distributed replay."""
+class GorilaDQNTorchLearner(
+    GorilaLearnerCounters, OptimizeTrainedModulesOnly, LeanGradients, DQNTorchLearner
+):
+    """Double DQN with importance weights, fed from the distributed replay (gradient
+    clipping, finiteness checks and Adam in fewer passes: :mod:`rllib_plugins.lean_gradients`)."""
 
     def build(self) -> None:
         super().build()
@@ -101,6 +154,8 @@ class GorilaDQNTorchLearner(GorilaLearnerCounters, OptimizeTrainedModulesOnly, D
             export_weights=self.actor_weights,
         )
         self._last_td_error: dict[str, torch.Tensor] = {}
+        self._last_loss: dict[str, Any] = {}  # module id -> the last step's DQNLoss
+        self._trained = TrainedSteps()  # rows trained in the running train_from_replay
         # each gradient step's TD errors while train_from_replay collects them (else None)
         self._step_td_errors: list[dict[str, torch.Tensor]] | None = None
         self._beta = config.replay_config().beta  # 0 with replay(prioritized=False)
@@ -143,39 +198,31 @@ class GorilaDQNTorchLearner(GorilaLearnerCounters, OptimizeTrainedModulesOnly, D
 
     # ---- the training loop body ---------------------------------------------------------------
     def train_from_replay(self, num_updates: int, timesteps: dict[str, Any]) -> dict:
-        """Run ``num_updates`` core learner updates, ``updates_per_learner_call`` of them per
-        ``Learner.update`` call (one batch of k x B rows that RLlib's minibatch iterator splits
-        back into the k sampled batches, in order); return RLlib's reduced metrics."""
-        batch_size = self.config.train_batch_size_per_learner
+        """Run ``num_updates`` core learner updates, ``updates_per_learner_call`` (k) of them per
+        fused call (:meth:`fused_update`); return RLlib's reduced metrics.
+
+        RLlib's hooks around gradient updates (``before/after_gradient_based_update``: the LR
+        schedule, which reads ``timesteps``, and the loss metrics, whose window is one value)
+        run once around all of them, as ``timesteps`` is the same for every update here."""
 
         def gradient_steps(batches: list[dict[str, ReplaySample]]) -> list[dict[str, torch.Tensor]]:
-            fused = MultiAgentBatch(
-                {
-                    module: replay_rows_to_batch(*_concat([s[module] for s in batches]))
-                    for module in batches[0]
-                },
-                env_steps=sum(max(len(s.keys) for s in samples.values()) for samples in batches),
-            )
             self._step_td_errors = []
             try:
-                self.update(
-                    batch=fused,
-                    timesteps=timesteps,
-                    # one batch: RLlib's plain path; k batches: k minibatches of B rows, in order
-                    minibatch_size=batch_size if len(batches) > 1 else None,
-                    num_epochs=1,
-                    _no_metrics_reduce=True,
-                )
+                self.fused_update(batches)
                 return self._step_td_errors
             finally:
                 self._step_td_errors = None
 
+        self.before_gradient_based_update(timesteps=timesteps)
+        self._trained = TrainedSteps()
         stats = self.gorila.update_fused(
             num_updates,
             beta=self._beta,
             updates_per_call=self.config.updates_per_learner_call,
             gradient_steps=gradient_steps,
         )
+        self._trained.log(self.metrics, weights_seq_no=self._weights_seq_no)
+        self.after_gradient_based_update(timesteps=timesteps)
         metrics = {
             "replay_sample_wait_fraction": stats.sample_wait_s / stats.seconds,
             "gradient_updates_per_s": stats.num_updates / stats.seconds,
@@ -185,17 +232,52 @@ class GorilaDQNTorchLearner(GorilaLearnerCounters, OptimizeTrainedModulesOnly, D
         self.metrics.log_dict(metrics, key=ALL_MODULES, window=1)
         return self.metrics.reduce()
 
+    def fused_update(self, batches: list[dict[str, ReplaySample]]) -> None:
+        """One gradient step per sampled batch (module id -> sample), as a ``Learner.update``
+        call of RLlib's takes them: RLlib's ``_update`` on each batch's tensors, one weights
+        sequence number per call, the rows counted for RLlib's steps-trained metrics (logged
+        once per :meth:`train_from_replay`). ``Learner.update`` itself would add a batch
+        iterator, a conversion, its hooks and a metrics pass per call, as much as a third of a
+        CartPole step."""
+        self._weights_seq_no += 1
+        for samples in batches:
+            tensors = {
+                module: convert_to_torch_tensor(
+                    dict(replay_rows_to_batch(sample.batch, sample.weights)), device=self.device
+                )
+                for module, sample in samples.items()
+            }
+            self._update(tensors)
+            self._trained.add({module: len(sample.keys) for module, sample in samples.items()})
+
     def _update(self, batch: dict[str, Any]) -> tuple[Any, Any, Any]:
-        # One gradient step over one minibatch (a fused call makes several): its TD errors
-        # are kept for its own batch's priorities, and the core counts it here, so the target
-        # network syncs at its update even inside a fused call (RLlib's
-        # after_gradient_based_update runs once per Learner.update). DQNLearner's own
-        # env-step target sync never fires: GorilaDQNConfig sets its period out of reach.
+        # One gradient step (a fused call takes several): its TD errors are kept for its own
+        # batch's priorities, and the core counts it here, so the target network syncs at its
+        # update even inside a fused call (after_gradient_based_update runs once per call).
+        # DQNLearner's own env-step target sync never fires: GorilaDQNConfig sets its period
+        # out of reach.
         out = super()._update(batch)
         if self._step_td_errors is not None:  # a direct Learner.update keeps none
             self._step_td_errors.append({m: self._last_td_error[m] for m in batch})
         self.gorila.after_gradient_step()
         return out
+
+    def after_gradient_based_update(self, *, timesteps: dict[str, Any]) -> None:
+        """RLlib's hook (the LR schedule), then the last step's loss metrics: logged once per
+        call, not per step, as their window is one value."""
+        super().after_gradient_based_update(timesteps=timesteps)
+        for module_id, out in self._last_loss.items():
+            self.metrics.log_dict(
+                {
+                    self.TOTAL_LOSS_KEY: out.loss.detach(),
+                    QF_LOSS_KEY: out.loss.detach(),
+                    QF_MEAN_KEY: out.q_selected.detach().mean(),
+                    TD_ERROR_MEAN_KEY: out.td_error.mean(),
+                },
+                key=module_id,
+                window=1,
+            )
+        self._last_loss.clear()
 
     # ---- loss and target network --------------------------------------------------------------
     def compute_loss_for_module(self, *, module_id, config, batch, fwd_out):
@@ -213,15 +295,7 @@ class GorilaDQNTorchLearner(GorilaLearnerCounters, OptimizeTrainedModulesOnly, D
             next_action_mask=batch.get(NEXT_ACTION_MASK),
         )
         self._last_td_error[module_id] = out.td_error
-        self.metrics.log_dict(
-            {
-                QF_LOSS_KEY: out.loss.detach(),
-                QF_MEAN_KEY: out.q_selected.mean(),
-                TD_ERROR_MEAN_KEY: out.td_error.mean(),
-            },
-            key=module_id,
-            window=1,
-        )
+        self._last_loss[module_id] = out
         return out.loss
 
     def _sync_target_networks(self) -> None:

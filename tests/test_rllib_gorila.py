@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import sys
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -539,7 +541,7 @@ def train_fused(k: int, initial: dict | None) -> tuple[dict, dict, list, list, l
     """A learner with C = 3 and ``updates_per_learner_call=k`` (from the module state
     ``initial`` when given) after ``train_from_replay(10)`` on a :class:`ScriptedReplay`: its
     initial and final module states, the priorities sent, the updates after which the target
-    synced, and its ``Learner.update`` calls."""
+    synced, and the batches each of its fused calls took."""
     import gymnasium as gym
     from ray.rllib.core import DEFAULT_MODULE_ID
     from ray.rllib.utils.metrics import NUM_ENV_STEPS_SAMPLED_LIFETIME
@@ -556,17 +558,17 @@ def train_fused(k: int, initial: dict | None) -> tuple[dict, dict, list, list, l
         replay = ScriptedReplay(seed=0)
         learner.gorila.connect(replays={DEFAULT_MODULE_ID: replay}, weights=None)
         syncs, calls = [], []
-        sync, update = learner.gorila._sync_target, learner.update
+        sync, fused_update = learner.gorila._sync_target, learner.fused_update
 
         def counted_sync():
             syncs.append(learner.gorila.num_gradient_updates)
             sync()
 
-        def counted_update(**kwargs):
-            calls.append(kwargs["minibatch_size"])
-            return update(**kwargs)
+        def counted_update(batches):
+            calls.append(len(batches))
+            return fused_update(batches)
 
-        learner.gorila._sync_target, learner.update = counted_sync, counted_update
+        learner.gorila._sync_target, learner.fused_update = counted_sync, counted_update
         learner.train_from_replay(10, {NUM_ENV_STEPS_SAMPLED_LIFETIME: 0})
         assert learner.num_gradient_updates == 10
         return initial, module.get_state(), replay.priorities, syncs, calls
@@ -575,14 +577,14 @@ def train_fused(k: int, initial: dict | None) -> tuple[dict, dict, list, list, l
 
 
 def test_fused_learner_calls_take_the_same_steps_as_single_ones_and_sync_the_target_inside():
-    """updates_per_learner_call=4 with C = 3: 10 updates in 3 ``Learner.update`` calls (4, 4,
-    2 minibatches of 32 rows), the target synced after updates 3, 6 and 9 (inside the calls),
-    and the same weights and per-batch priorities as 10 single-update calls on the same
+    """updates_per_learner_call=4 with C = 3: 10 updates in 3 fused calls (of 4, 4 and 2
+    batches of 32 rows), the target synced after updates 3, 6 and 9 (inside the calls), and
+    the same weights and per-batch priorities as 10 single-update calls on the same
     batches."""
     initial, single, single_priorities, syncs, calls = train_fused(1, None)
-    assert syncs == [3, 6, 9] and calls == [None] * 10
+    assert syncs == [3, 6, 9] and calls == [1] * 10
     _, fused, fused_priorities, syncs, calls = train_fused(4, initial)
-    assert syncs == [3, 6, 9] and calls == [32, 32, 32]
+    assert syncs == [3, 6, 9] and calls == [4, 4, 2]
     assert len(single_priorities) == len(fused_priorities) == 10
     for (keys_1, p_1), (keys_4, p_4) in zip(single_priorities, fused_priorities, strict=True):
         np.testing.assert_array_equal(keys_1, keys_4)
@@ -593,6 +595,96 @@ def test_fused_learner_calls_take_the_same_steps_as_single_ones_and_sync_the_tar
     assert any(
         not np.allclose(np.asarray(initial[name]), np.asarray(single[name])) for name in single
     )  # the updates trained
+
+
+def rllib_step_learner(config):
+    """A GorilaDQN learner on RLlib's own gradient step (``benchmarks/learner_bench.py``'s
+    baseline: the DQN module's training forward over observations and next observations
+    stacked, with gradients; RLlib's clipping and NaN/inf handling; Adam's per-tensor loop; one
+    ``Learner.update`` per batch). The reference for the lean path."""
+    import gymnasium as gym
+    from ray.rllib.core.rl_module.rl_module import RLModuleSpec
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    from learner_bench import rllib_step_classes
+
+    learner_class, module_class = rllib_step_classes()
+    config = config.learners(learner_class=learner_class).rl_module(
+        rl_module_spec=RLModuleSpec(module_class=module_class)
+    )
+    return config.build_learner(env=gym.make("CartPole-v1"))
+
+
+def test_lean_learner_step_takes_rllibs_own_step():
+    """10 updates (clipped: grad_clip 0.1 binds) through ``train_from_replay`` give the weights,
+    priorities and steps-trained metrics of RLlib's own step on the same batches
+    (:func:`rllib_step_learner`), and the lean path's forward leaves no graph behind the next
+    observations' Q-values."""
+    import gymnasium as gym
+    from ray.rllib.algorithms.dqn.default_dqn_rl_module import (
+        QF_NEXT_PREDS,
+        QF_PREDS,
+        QF_TARGET_NEXT_PREDS,
+    )
+    from ray.rllib.core import DEFAULT_MODULE_ID
+    from ray.rllib.core.columns import Columns
+    from ray.rllib.policy.sample_batch import MultiAgentBatch
+    from ray.rllib.utils.metrics import (
+        ALL_MODULES,
+        NUM_ENV_STEPS_SAMPLED_LIFETIME,
+        NUM_ENV_STEPS_TRAINED_LIFETIME,
+        NUM_MODULE_STEPS_TRAINED_LIFETIME,
+    )
+
+    from rllib_plugins.gorila_learner import replay_rows_to_batch
+
+    NORM = "gradients_default_optimizer_global_norm"
+    config = small_config(target_update_every_n_updates=3, lr=1e-2, grad_clip=0.1)
+    config = config.training(train_batch_size_per_learner=32)
+    timesteps = {NUM_ENV_STEPS_SAMPLED_LIFETIME: 0}
+    lean = config.build_learner(env=gym.make("CartPole-v1"))
+    reference = rllib_step_learner(config)
+    try:
+        lean_module, reference_module = (x.module[DEFAULT_MODULE_ID] for x in (lean, reference))
+        reference_module.set_state(lean_module.get_state())
+        replay = ScriptedReplay(seed=0)
+        lean.gorila.connect(replays={DEFAULT_MODULE_ID: replay}, weights=None)
+        lean_results = lean.train_from_replay(10, timesteps)
+
+        reference_replay, reference_priorities, reference_results = ScriptedReplay(seed=0), [], []
+        for _ in range(10):
+            sample = reference_replay.sample(32, beta=0.0)
+            batch = replay_rows_to_batch(sample.batch, sample.weights)
+            results = reference.update(
+                batch=MultiAgentBatch({DEFAULT_MODULE_ID: batch}, env_steps=32),
+                timesteps=timesteps,
+            )
+            reference_priorities.append(reference._last_td_error[DEFAULT_MODULE_ID].abs())
+            reference_results.append(results)
+        assert min(r[DEFAULT_MODULE_ID][NORM].peek() for r in reference_results) > 0.1  # clipped
+
+        lean_state, reference_state = lean_module.get_state(), reference_module.get_state()
+        for name in reference_state:
+            torch.testing.assert_close(
+                torch.as_tensor(lean_state[name]), torch.as_tensor(reference_state[name])
+            )
+        assert len(replay.priorities) == 10
+        for (_, sent), expected in zip(replay.priorities, reference_priorities, strict=True):
+            np.testing.assert_allclose(sent, expected.detach().numpy(), rtol=1e-5, atol=1e-6)
+        for key in (NUM_ENV_STEPS_TRAINED_LIFETIME, NUM_MODULE_STEPS_TRAINED_LIFETIME):
+            reference_count = sum(r[ALL_MODULES][key].peek() for r in reference_results)
+            assert lean_results[ALL_MODULES][key].peek() == reference_count == 320, key
+        assert lean_results[DEFAULT_MODULE_ID][NORM].peek() > 0.1
+
+        obs = torch.as_tensor(sample.batch["obs"])
+        out = lean_module.forward_train({Columns.OBS: obs, Columns.NEXT_OBS: obs})
+        assert out[QF_PREDS].requires_grad
+        assert not out[QF_NEXT_PREDS].requires_grad
+        assert not out[QF_TARGET_NEXT_PREDS].requires_grad
+        torch.testing.assert_close(out[QF_NEXT_PREDS], out[QF_PREDS].detach())
+    finally:
+        lean.shutdown()
+        reference.shutdown()
 
 
 @pytest.mark.parametrize("loss_type", ["huber", "mse"])
