@@ -113,7 +113,7 @@ def rllib_step_classes():
         def configure_optimizers_for_module(self, module_id, config=None) -> None:
             TorchLearner.configure_optimizers_for_module(self, module_id, config)
 
-        def fused_update(self, batches) -> None:
+        def fused_update(self, batches, timesteps) -> None:
             def concat(name: str, module: str) -> np.ndarray:
                 return np.concatenate([samples[module].batch[name] for samples in batches])
 
@@ -130,7 +130,7 @@ def rllib_step_classes():
             )
             self.update(
                 batch=fused,
-                timesteps={},
+                timesteps=timesteps,
                 minibatch_size=self.config.train_batch_size_per_learner
                 if len(batches) > 1
                 else None,

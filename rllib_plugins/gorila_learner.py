@@ -202,18 +202,18 @@ class GorilaDQNTorchLearner(
         fused call (:meth:`fused_update`); return RLlib's reduced metrics.
 
         RLlib's hooks around gradient updates (``before/after_gradient_based_update``: the LR
-        schedule, which reads ``timesteps``, and the loss metrics, whose window is one value)
-        run once around all of them, as ``timesteps`` is the same for every update here."""
+        schedule and torch LR schedulers) run once per fused call, as ``Learner.update`` runs
+        them once per call; the steps-trained and loss metrics (sums, and values whose window
+        is one) are logged once, at the end."""
 
         def gradient_steps(batches: list[dict[str, ReplaySample]]) -> list[dict[str, torch.Tensor]]:
             self._step_td_errors = []
             try:
-                self.fused_update(batches)
+                self.fused_update(batches, timesteps)
                 return self._step_td_errors
             finally:
                 self._step_td_errors = None
 
-        self.before_gradient_based_update(timesteps=timesteps)
         self._trained = TrainedSteps()
         stats = self.gorila.update_fused(
             num_updates,
@@ -222,7 +222,7 @@ class GorilaDQNTorchLearner(
             gradient_steps=gradient_steps,
         )
         self._trained.log(self.metrics, weights_seq_no=self._weights_seq_no)
-        self.after_gradient_based_update(timesteps=timesteps)
+        self._log_loss_metrics()
         metrics = {
             "replay_sample_wait_fraction": stats.sample_wait_s / stats.seconds,
             "gradient_updates_per_s": stats.num_updates / stats.seconds,
@@ -232,13 +232,14 @@ class GorilaDQNTorchLearner(
         self.metrics.log_dict(metrics, key=ALL_MODULES, window=1)
         return self.metrics.reduce()
 
-    def fused_update(self, batches: list[dict[str, ReplaySample]]) -> None:
+    def fused_update(self, batches: list[dict[str, ReplaySample]], timesteps: dict) -> None:
         """One gradient step per sampled batch (module id -> sample), as a ``Learner.update``
-        call of RLlib's takes them: RLlib's ``_update`` on each batch's tensors, one weights
-        sequence number per call, the rows counted for RLlib's steps-trained metrics (logged
-        once per :meth:`train_from_replay`). ``Learner.update`` itself would add a batch
-        iterator, a conversion, its hooks and a metrics pass per call, as much as a third of a
-        CartPole step."""
+        call of RLlib's takes them: its hooks before and after (the LR schedule), one weights
+        sequence number, RLlib's ``_update`` on each batch's tensors, the rows counted for
+        RLlib's steps-trained metrics (logged once per :meth:`train_from_replay`).
+        ``Learner.update`` itself would add a batch iterator, a conversion and a metrics pass
+        per call, as much as a third of a CartPole step."""
+        self.before_gradient_based_update(timesteps=timesteps)
         self._weights_seq_no += 1
         for samples in batches:
             tensors = {
@@ -249,6 +250,7 @@ class GorilaDQNTorchLearner(
             }
             self._update(tensors)
             self._trained.add({module: len(sample.keys) for module, sample in samples.items()})
+        self.after_gradient_based_update(timesteps=timesteps)
 
     def _update(self, batch: dict[str, Any]) -> tuple[Any, Any, Any]:
         # One gradient step (a fused call takes several): its TD errors are kept for its own
@@ -263,9 +265,14 @@ class GorilaDQNTorchLearner(
         return out
 
     def after_gradient_based_update(self, *, timesteps: dict[str, Any]) -> None:
-        """RLlib's hook (the LR schedule), then the last step's loss metrics: logged once per
-        call, not per step, as their window is one value."""
+        """RLlib's hook (the LR schedule); after a direct ``Learner.update`` call also the
+        loss metrics (:meth:`train_from_replay` logs them once, at its end)."""
         super().after_gradient_based_update(timesteps=timesteps)
+        if self._step_td_errors is None:
+            self._log_loss_metrics()
+
+    def _log_loss_metrics(self) -> None:
+        """The last step's loss metrics per module (their window is one value)."""
         for module_id, out in self._last_loss.items():
             self.metrics.log_dict(
                 {

@@ -541,7 +541,8 @@ def train_fused(k: int, initial: dict | None) -> tuple[dict, dict, list, list, l
     """A learner with C = 3 and ``updates_per_learner_call=k`` (from the module state
     ``initial`` when given) after ``train_from_replay(10)`` on a :class:`ScriptedReplay`: its
     initial and final module states, the priorities sent, the updates after which the target
-    synced, and the batches each of its fused calls took."""
+    synced, and the batches each of its fused calls took with RLlib's after-update hook
+    (``"hooks"``) between them."""
     import gymnasium as gym
     from ray.rllib.core import DEFAULT_MODULE_ID
     from ray.rllib.utils.metrics import NUM_ENV_STEPS_SAMPLED_LIFETIME
@@ -559,16 +560,22 @@ def train_fused(k: int, initial: dict | None) -> tuple[dict, dict, list, list, l
         learner.gorila.connect(replays={DEFAULT_MODULE_ID: replay}, weights=None)
         syncs, calls = [], []
         sync, fused_update = learner.gorila._sync_target, learner.fused_update
+        after_update = learner.after_gradient_based_update
 
         def counted_sync():
             syncs.append(learner.gorila.num_gradient_updates)
             sync()
 
-        def counted_update(batches):
+        def counted_update(batches, timesteps):
             calls.append(len(batches))
-            return fused_update(batches)
+            return fused_update(batches, timesteps)
+
+        def counted_after_update(**kwargs):
+            calls.append("hooks")
+            return after_update(**kwargs)
 
         learner.gorila._sync_target, learner.fused_update = counted_sync, counted_update
+        learner.after_gradient_based_update = counted_after_update
         learner.train_from_replay(10, {NUM_ENV_STEPS_SAMPLED_LIFETIME: 0})
         assert learner.num_gradient_updates == 10
         return initial, module.get_state(), replay.priorities, syncs, calls
@@ -578,13 +585,14 @@ def train_fused(k: int, initial: dict | None) -> tuple[dict, dict, list, list, l
 
 def test_fused_learner_calls_take_the_same_steps_as_single_ones_and_sync_the_target_inside():
     """updates_per_learner_call=4 with C = 3: 10 updates in 3 fused calls (of 4, 4 and 2
-    batches of 32 rows), the target synced after updates 3, 6 and 9 (inside the calls), and
-    the same weights and per-batch priorities as 10 single-update calls on the same
+    batches of 32 rows), each followed by RLlib's after-update hook (the LR schedule) as a
+    ``Learner.update`` call is, the target synced after updates 3, 6 and 9 (inside the calls),
+    and the same weights and per-batch priorities as 10 single-update calls on the same
     batches."""
     initial, single, single_priorities, syncs, calls = train_fused(1, None)
-    assert syncs == [3, 6, 9] and calls == [1] * 10
+    assert syncs == [3, 6, 9] and calls == [1, "hooks"] * 10
     _, fused, fused_priorities, syncs, calls = train_fused(4, initial)
-    assert syncs == [3, 6, 9] and calls == [4, 4, 2]
+    assert syncs == [3, 6, 9] and calls == [4, "hooks", 4, "hooks", 2, "hooks"]
     assert len(single_priorities) == len(fused_priorities) == 10
     for (keys_1, p_1), (keys_4, p_4) in zip(single_priorities, fused_priorities, strict=True):
         np.testing.assert_array_equal(keys_1, keys_4)
