@@ -23,6 +23,7 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any, NamedTuple, Protocol
 
 from rl_dist_ext.validation import check_int
+from rl_dist_ext.weight_deltas import DeltaPublisher, DeltaPull
 
 
 class ParameterServerUnavailable(RuntimeError):
@@ -141,9 +142,15 @@ class HoldsPulledWeights:
 
 
 class ParameterServer:
-    """Holds the newest weights and their version; counts publishes and pulls."""
+    """Holds the newest weights and their version; counts publishes and pulls.
 
-    def __init__(self) -> None:
+    Args:
+        delta_tolerance: serve delta pulls (:meth:`pull_delta_if_newer`) within this bound, as a
+            fraction of each tensor's RMS (:mod:`rl_dist_ext.weight_deltas`); ``None``: none.
+    """
+
+    def __init__(self, *, delta_tolerance: float | None = None) -> None:
+        self._deltas = None if delta_tolerance is None else DeltaPublisher(delta_tolerance)
         self._latest: VersionedWeights | None = None
         self._published_at = 0.0
         self.num_publishes = 0
@@ -174,6 +181,19 @@ class ParameterServer:
         self.num_pulls_served += 1
         return self._latest
 
+    def pull_delta_if_newer(self, version: int, held: tuple[str, int] | None) -> DeltaPull | None:
+        """Like :meth:`pull_if_newer`, as a delta from the shadow ``held`` (``(grid, version)``
+        of :class:`~rl_dist_ext.weight_deltas.DeltaReceiver`; ``None``: nothing held yet)."""
+        if self._deltas is None:
+            raise ValueError(
+                "this parameter server serves no delta pulls: start it with delta_tolerance"
+            )
+        self.num_pulls += 1
+        if self._latest is None or self._latest.version <= version:
+            return None
+        self.num_pulls_served += 1
+        return self._deltas.pull(self._latest.weights, self._latest.version, held)
+
     def version(self) -> int:
         """The held version, -1 before the first publish."""
         return -1 if self._latest is None else self._latest.version
@@ -187,4 +207,5 @@ class ParameterServer:
             "seconds_since_publish": (
                 time.monotonic() - self._published_at if self._latest is not None else -1.0
             ),
+            **(self._deltas.stats() if self._deltas is not None else {}),
         }

@@ -21,7 +21,9 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from rl_dist_ext.inference import InferenceReply, InferenceServerUnavailable
 from rl_dist_ext.params import ParameterServer, ParameterServerUnavailable, VersionedWeights
+from rl_dist_ext.validation import check_real
 from rl_dist_ext.weight_compression import check_encoding, decode_weights, encode_weights
+from rl_dist_ext.weight_deltas import DEFAULT_TOLERANCE, DeltaReceiver
 
 log = logging.getLogger(__name__)
 
@@ -71,13 +73,20 @@ def start_parameter_server(
     bundle_index: int = -1,
     timeout_s: float = 120.0,
     weights_encoding: str = "fp32",
+    delta_tolerance: float = DEFAULT_TOLERANCE,
 ) -> ParameterServerClient:
     """Start the parameter server actor (it only stores references: no CPU by default);
-    ``weights_encoding``: how weights travel, see :mod:`rl_dist_ext.weight_compression`."""
+    ``weights_encoding``: how weights travel, see :mod:`rl_dist_ext.weight_compression`;
+    ``delta_tolerance``: the bound of ``"delta"`` pulls (:mod:`rl_dist_ext.weight_deltas`)."""
     check_encoding(weights_encoding)
+    server_args = {}
+    if weights_encoding == "delta":
+        server_args["delta_tolerance"] = check_real(
+            "delta_tolerance", delta_tolerance, low=0.0, strict=True
+        )
     options = _placement(num_cpus, placement_group, bundle_index)
     return ParameterServerClient(
-        RemoteParameterServer.options(**options).remote(),
+        RemoteParameterServer.options(**options).remote(**server_args),
         timeout_s=timeout_s,
         weights_encoding=weights_encoding,
     )
@@ -108,6 +117,13 @@ class ParameterServerClient:
         self._timeout_s = timeout_s
         self.weights_encoding = check_encoding(weights_encoding)
         self._down_since: float | None = None  # monotonic time of the first unanswered call
+        self._deltas = DeltaReceiver()  # the weights this copy of the client holds ("delta")
+
+    def __getstate__(self) -> dict[str, Any]:
+        """Each unpickled copy (an actor's) starts holding no weights: its first pull is full."""
+        state = self.__dict__.copy()
+        state["_deltas"] = DeltaReceiver()
+        return state
 
     def publish(self, weights: Any, version: int) -> int:
         """Store ``weights`` as ``version`` (encoded as ``weights_encoding``, see
@@ -118,7 +134,18 @@ class ParameterServerClient:
         return version if answer is None else answer
 
     def pull_if_newer(self, version: int) -> VersionedWeights | None:
-        """The newer weights (decoded to float32), or ``None`` (also while the server is down)."""
+        """The newer weights (decoded to float32), or ``None`` (also while the server is down).
+
+        With ``"delta"`` weights the server sends the change since the weights this client
+        last got (in full the first time, and after the server restarted)."""
+        if self.weights_encoding == "delta":
+            held = self._deltas.held
+            pulled = self._call(
+                lambda: self.handle.pull_delta_if_newer.remote(version, held), "a pull"
+            )
+            if pulled is None:
+                return None
+            return VersionedWeights(self._deltas.apply(pulled), pulled.version)
         latest = self._call(lambda: self.handle.pull_if_newer.remote(version), "a pull")
         if latest is None:
             return None

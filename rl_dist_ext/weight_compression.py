@@ -10,6 +10,9 @@ lists, tuples; other leaves pass unchanged):
   normal range (|w| >= 2**-14; smaller values keep an absolute error of at most 2**-25).
 - ``"int8"``: per-tensor symmetric quantisation, ``q = round(w / s)`` with ``s = max|w| / 127``;
   each element's absolute error is at most ``s / 2``.
+- ``"delta"``: the learner publishes float32; the parameter server sends each actor the change
+  since the version it holds, each element within a bound of the learner's
+  (:mod:`rl_dist_ext.weight_deltas`).
 
 The learner encodes once per publish (:func:`encode_weights`); each actor decodes what it pulls
 (:func:`decode_weights`) and gets float32 back. ``benchmarks/weight_sync_bench.py`` measures
@@ -25,7 +28,7 @@ import numpy as np
 
 from rl_dist_ext.validation import is_torch_tensor
 
-ENCODINGS = ("fp32", "fp16", "int8")
+ENCODINGS = ("fp32", "fp16", "int8", "delta")
 
 
 class Int8Tensor(NamedTuple):
@@ -48,12 +51,13 @@ def check_encoding(encoding: Any) -> str:
 
 
 def encode_weights(weights: Any, encoding: str) -> Any:
-    """``weights`` as they travel: unchanged for ``"fp32"``, else :class:`EncodedWeights`."""
+    """``weights`` as they travel to the server: unchanged for ``"fp32"`` and ``"delta"``,
+    else :class:`EncodedWeights`."""
     check_encoding(encoding)
-    if encoding == "fp32":
+    if encoding in ("fp32", "delta"):  # delta: the server encodes per pull
         return weights
     encode = _to_fp16 if encoding == "fp16" else _to_int8
-    return EncodedWeights(encoding, _map_floats(weights, encode))
+    return EncodedWeights(encoding, map_float_leaves(weights, encode))
 
 
 def decode_weights(weights: Any) -> Any:
@@ -62,29 +66,33 @@ def decode_weights(weights: Any) -> Any:
     if not isinstance(weights, EncodedWeights):
         return weights
     if weights.encoding == "fp16":
-        return _map_floats(weights.tree, _from_fp16)
-    return _map_leaves(weights.tree, _from_int8)
+        return map_float_leaves(weights.tree, _from_fp16)
+    return map_leaves(weights.tree, _from_int8)
 
 
-def _is_float(leaf: Any) -> bool:
+def is_float_leaf(leaf: Any) -> bool:
+    """Whether a weights-tree leaf is a floating-point array or tensor (what encodings touch)."""
     if is_torch_tensor(leaf):
         return leaf.is_floating_point()
     return isinstance(leaf, np.ndarray) and leaf.dtype.kind == "f"
 
 
-def _map_floats(tree: Any, fn: Callable[[Any], Any]) -> Any:
-    return _map_leaves(tree, lambda leaf: fn(leaf) if _is_float(leaf) else leaf)
+def map_float_leaves(tree: Any, fn: Callable[[Any], Any]) -> Any:
+    """``tree`` with ``fn`` applied to its floating-point leaves (others unchanged)."""
+    return map_leaves(tree, lambda leaf: fn(leaf) if is_float_leaf(leaf) else leaf)
 
 
-def _map_leaves(tree: Any, fn: Callable[[Any], Any]) -> Any:
+def map_leaves(tree: Any, fn: Callable[[Any], Any]) -> Any:
+    """``tree`` (nested dicts, lists, tuples, NamedTuples) with ``fn`` applied to every leaf, in
+    the tree's order."""
     if isinstance(tree, dict):
-        return type(tree)((k, _map_leaves(v, fn)) for k, v in tree.items())
+        return type(tree)((k, map_leaves(v, fn)) for k, v in tree.items())
     if isinstance(tree, Int8Tensor):
         return fn(tree)
     if isinstance(tree, tuple) and hasattr(tree, "_fields"):  # a NamedTuple
-        return type(tree)(*(_map_leaves(v, fn) for v in tree))
+        return type(tree)(*(map_leaves(v, fn) for v in tree))
     if isinstance(tree, list | tuple):
-        return type(tree)(_map_leaves(v, fn) for v in tree)
+        return type(tree)(map_leaves(v, fn) for v in tree)
     return fn(tree)
 
 

@@ -48,6 +48,7 @@ from rl_dist_ext.replay.distributed import (
 )
 from rl_dist_ext.validation import check_int, check_real, check_setting_names
 from rl_dist_ext.weight_compression import check_encoding
+from rl_dist_ext.weight_deltas import DEFAULT_TOLERANCE
 from rllib_plugins.central_inference import (
     CentralInferenceSettingsMixin,
     InferenceServerClient,
@@ -180,6 +181,7 @@ class GorilaDQNConfig(CentralInferenceSettingsMixin, DQNConfig):
         self.epsilon_base = EPSILON_BASE
         self.epsilon_alpha = EPSILON_ALPHA
         self.weights_encoding = "fp32"  # how weights travel to runners (exact by default)
+        self.weights_delta_tolerance = DEFAULT_TOLERANCE  # the bound of "delta" pulls
         # Replay: what .replay(...) set, over REPLAY_DEFAULTS; the rest are
         # DistributedReplayConfig's defaults (built and validated in validate()).
         self.replay_settings: dict[str, Any] = dict(REPLAY_DEFAULTS)
@@ -198,6 +200,7 @@ class GorilaDQNConfig(CentralInferenceSettingsMixin, DQNConfig):
         epsilon_base: float = NotProvided,
         epsilon_alpha: float = NotProvided,
         weights_encoding: str = NotProvided,
+        weights_delta_tolerance: float = NotProvided,
         **kwargs: Any,
     ) -> Self:
         """DQN's ``training()`` settings plus the Gorila ones.
@@ -222,7 +225,11 @@ class GorilaDQNConfig(CentralInferenceSettingsMixin, DQNConfig):
                 ``epsilon_base ** (1 + (i - 1) / (N - 1) * epsilon_alpha)``.
             epsilon_alpha: the ladder's exponent.
             weights_encoding: how published weights travel to the runners: ``"fp32"`` (exact),
-                ``"fp16"`` or ``"int8"`` (see ``rl_dist_ext.weight_compression``).
+                ``"fp16"``, ``"int8"`` (see ``rl_dist_ext.weight_compression``) or ``"delta"``
+                (each runner gets the change since the weights it holds, every weight within
+                ``weights_delta_tolerance`` of the learner's; see ``rl_dist_ext.weight_deltas``).
+            weights_delta_tolerance: the bound of ``"delta"`` pulls, as a fraction of each
+                weight tensor's RMS (> 0).
         """
         super().training(**kwargs)
         if target_update_every_n_updates is not NotProvided:
@@ -243,6 +250,8 @@ class GorilaDQNConfig(CentralInferenceSettingsMixin, DQNConfig):
             self.epsilon_alpha = epsilon_alpha
         if weights_encoding is not NotProvided:
             self.weights_encoding = weights_encoding
+        if weights_delta_tolerance is not NotProvided:
+            self.weights_delta_tolerance = weights_delta_tolerance
         return self
 
     def replay(
@@ -328,6 +337,7 @@ class GorilaDQNConfig(CentralInferenceSettingsMixin, DQNConfig):
         check_real("epsilon_base", self.epsilon_base, low=0.0, high=1.0)
         check_real("epsilon_alpha", self.epsilon_alpha, low=0.0)
         check_encoding(self.weights_encoding)
+        check_real("weights_delta_tolerance", self.weights_delta_tolerance, low=0.0, strict=True)
         if self.num_atoms != 1:
             raise ValueError(
                 f"num_atoms={self.num_atoms}: distributional Q-learning is not supported by "
@@ -455,7 +465,10 @@ class GorilaDQN(CheckedTrialResources, DQN):
                 first_shard_bundle -= int(config.uses_central_inference())
             # The weights server and the shards start first and boot while RLlib waits for its
             # env runners (a build waits for the slowest process once, not for each in turn).
-            self._param_server = start_parameter_server(weights_encoding=config.weights_encoding)
+            self._param_server = start_parameter_server(
+                weights_encoding=config.weights_encoding,
+                delta_tolerance=config.weights_delta_tolerance,
+            )
             for i, module in enumerate(modules):
                 bundles = None
                 if first_shard_bundle is not None:

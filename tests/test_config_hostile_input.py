@@ -76,6 +76,7 @@ GORILA_TRAINING = (
     "epsilon_base",
     "epsilon_alpha",
     "weights_encoding",
+    "weights_delta_tolerance",
 )
 RLLIB_FIELDS = [("replay", name) for name in sorted(REPLAY_SETTINGS)] + [
     ("training", name) for name in GORILA_TRAINING

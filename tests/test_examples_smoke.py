@@ -124,7 +124,11 @@ SCRIPTS: dict[str, tuple[str, float]] = {
         240,
     ),
     "test_weight_sync_bench_writes_json_and_table": (
-        ("benchmarks/weight_sync_bench.py --pullers 1 --pulls 2 --frames 32 --out {out}/weights"),
+        (
+            "benchmarks/weight_sync_bench.py --frames 64 --eval-frames 32 --warmup 10"
+            " --updates 100 --spacing 10 --updates-between-pulls 10 50 --actors 2"
+            " --tolerances 0.05 --pullers 1 --pulls-step 50 --out {out}/weights"
+        ),
         240,
     ),
     "test_tianshou_multi_agent_example_trains_and_writes_checkpoint_and_curve": (
@@ -463,11 +467,25 @@ def test_inference_cost_bench_writes_json_and_table(out_dir):
 
 
 def test_weight_sync_bench_writes_json_and_table(out_dir):
-    rows = json.loads((out_dir / "weights.json").read_text())["rows"]
-    assert [r["encoding"] for r in rows] == ["fp32", "fp16", "int8"]
-    assert rows[0]["max_abs_q_error"] == 0.0
-    assert rows[2]["payload_bytes"] < rows[0]["payload_bytes"] / 3.5
-    assert "| int8 |" in (out_dir / "weights.md").read_text()
+    """Both networks trained, every encoding measured: fp32 exact, int8 a quarter, delta pulls
+    (3 layouts: U = 10, 50, and 50 with 2 staggered actors) smaller than int8's full pull."""
+    nets = json.loads((out_dir / "weights.json").read_text())["nets"]
+    assert set(nets) == {"nature", "mlp"}
+    for net in nets.values():
+        rows = net["rows"]
+        assert [r["encoding"] for r in rows] == ["fp32", "fp16", "int8", *["delta"] * 3]
+        assert rows[0]["max_abs_q_error"] == 0.0 and rows[0]["greedy_action_agreement"] == 1.0
+        assert rows[2]["payload_bytes"] < rows[0]["payload_bytes"] / 3.5
+        deltas = rows[3:]
+        assert [(r["updates_between_pulls"], r["actors"]) for r in deltas] == [
+            (10, 1),
+            (50, 1),
+            (50, 2),
+        ]
+        assert all(r["delta_pulls"] > 0 and r["full_pulls_after_first"] == 0 for r in deltas)
+        assert all(r["payload_bytes"] < rows[2]["payload_bytes"] for r in deltas)
+        assert all(r["pulls_per_s"] > 0 for r in rows[:3]) and deltas[1]["pulls_per_s"] > 0
+    assert "| delta | 0.05 | 50 | 2 |" in (out_dir / "weights.md").read_text()
 
 
 def test_tianshou_multi_agent_example_trains_and_writes_checkpoint_and_curve(output, out_dir):

@@ -55,7 +55,8 @@ def alive_actors() -> int:
 
 @pytest.fixture(scope="module")
 def algo(ray_session):
-    algorithm = small_config().build_algo()
+    # delta weight pulls, so that every test of this algorithm runs them (fp32 is the default)
+    algorithm = small_config(weights_encoding="delta").build_algo()
     yield algorithm
     algorithm.stop()
 
@@ -197,6 +198,36 @@ def test_each_runner_keeps_its_apex_epsilon_across_weight_syncs(algo):
         # absent until the first target sync (every 250 updates; this run made fewer)
         documented.discard("default_policy/num_target_updates")
         assert documented <= reported, (section, documented - reported)
+
+
+def test_runners_hold_the_learners_weights_within_the_delta_bound(algo):
+    """weights_encoding="delta": after training, every runner pulls; the weights it holds are
+    the learner's published ones within the bound (4 grid units an element), not equal (the
+    encoding is lossy), and the server served deltas after the runners' first full pulls."""
+    import ray
+
+    from rl_dist_ext.weight_deltas import UNITS_PER_TOLERANCE, flatten_weights
+
+    algo.train()
+    server = algo._param_server
+    algo.env_runner_group.foreach_env_runner(lambda r: r.pull_weights(), local_env_runner=False)
+    published = ray.get(server.handle.pull_if_newer.remote(-1))  # the learner's float32 weights
+    units = ray.get(server.handle.__ray_call__.remote(lambda s: s._deltas._unit.copy()))
+    held = algo.env_runner_group.foreach_env_runner(
+        lambda r: (r._connected_actor().weights_version, r.module.get_state(inference_only=True)),
+        local_env_runner=False,
+    )
+    exact = flatten_weights(published.weights).values
+    for version, state in held:
+        assert version == published.version
+        error = np.abs(flatten_weights(state).values - exact)
+        assert np.all(error <= UNITS_PER_TOLERANCE * units * (1 + 1e-5))
+        assert error.max() > 0
+    pulls = ray.get(server.handle.stats.remote())
+    # every served pull but this test's own went as a full pull or a delta; the runners' first
+    # pulls were full, a delta larger than the full pull (everything moved) goes in full too
+    assert pulls["num_full_pulls"] + pulls["num_delta_pulls"] == pulls["num_pulls_served"] - 1
+    assert pulls["num_full_pulls"] >= 2 and pulls["num_delta_pulls"] >= 1, pulls
 
 
 def test_checkpoint_restores_weights_and_replay(algo, tmp_path):

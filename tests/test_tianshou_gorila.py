@@ -356,7 +356,8 @@ def gorila(cluster, tmp_path_factory):
     buffer = make_buffer(**chaos_replay_settings(directory))
     collector = None
     try:
-        collector = make_collector(algo, buffer)
+        # delta weight pulls, so that the collector, trainer and chaos tests run them too
+        collector = make_collector(algo, buffer, weights_encoding="delta")
         yield SimpleNamespace(
             algo=algo, buffer=buffer, collector=collector, ledger=str(directory / "ledger")
         )
@@ -406,6 +407,13 @@ def test_collector_reports_actors_replay_and_policy_lag(gorila):
         if stats.policy_lag_max == 0:
             break
     assert lag_max[-1] == 0, f"the actors never pulled the new weights: {lag_max}"
+    # the module collector pulls deltas: each actor's first pull was full, later ones deltas
+    # (or full where a delta would be larger)
+    import ray
+
+    pulls = ray.get(collector.env.weights_server.handle.stats.remote())
+    assert pulls["num_full_pulls"] + pulls["num_delta_pulls"] == pulls["num_pulls_served"]
+    assert pulls["num_full_pulls"] >= 2 and pulls["num_delta_pulls"] >= 1, pulls
 
     stats = collector.collect(n_episode=4)
     assert stats.n_collected_episodes >= 4 and len(stats.returns) == stats.n_collected_episodes

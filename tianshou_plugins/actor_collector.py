@@ -39,6 +39,7 @@ from rl_dist_ext.actor_pool import ActorPool
 from rl_dist_ext.params import PolicyLag, policy_lag
 from rl_dist_ext.validation import check_int, check_real, start_timeout_s, with_settings
 from rl_dist_ext.weight_compression import check_encoding
+from rl_dist_ext.weight_deltas import DEFAULT_TOLERANCE
 from tianshou_plugins.central_inference import CentralInference, Kind, TianshouPolicyFactory
 
 if TYPE_CHECKING:
@@ -95,8 +96,12 @@ class ActorFleet:
         seed: seeds the actors' envs and exploration; ``None``: random.
         timeout_s: the longest ``collect()`` waits for actors (and actors to start), in
             seconds.
-        weights_encoding: how weights travel to the actors: ``"fp32"`` (exact), ``"fp16"`` or
-            ``"int8"`` (``rl_dist_ext.weight_compression``).
+        weights_encoding: how weights travel to the actors: ``"fp32"`` (exact), ``"fp16"``,
+            ``"int8"`` (``rl_dist_ext.weight_compression``) or ``"delta"`` (each actor gets the
+            change since the weights it holds, every weight within ``weights_delta_tolerance``
+            of the learner's; ``rl_dist_ext.weight_deltas``).
+        weights_delta_tolerance: the bound of ``"delta"`` pulls, as a fraction of each weight
+            tensor's RMS (> 0).
     """
 
     num_actors: int = 4
@@ -108,6 +113,7 @@ class ActorFleet:
     seed: int | None = None
     timeout_s: float = 120.0
     weights_encoding: str = "fp32"
+    weights_delta_tolerance: float = DEFAULT_TOLERANCE
 
     def __post_init__(self) -> None:
         check_int("num_actors", self.num_actors, 1)
@@ -120,6 +126,7 @@ class ActorFleet:
             check_int("seed", self.seed, 0)
         check_real("timeout_s", self.timeout_s, low=0.0, strict=True)
         check_encoding(self.weights_encoding)
+        check_real("weights_delta_tolerance", self.weights_delta_tolerance, low=0.0, strict=True)
 
     @property
     def num_envs(self) -> int:
@@ -220,7 +227,9 @@ class RayActorCollector(BaseCollector[TStats], Generic[TStats]):
         seed_mode: dict[str, Any] = {}
         if self.central_inference is None:
             self.env.weights_server = start_parameter_server(
-                timeout_s=self._timeout_s, weights_encoding=self.fleet.weights_encoding
+                timeout_s=self._timeout_s,
+                weights_encoding=self.fleet.weights_encoding,
+                delta_tolerance=self.fleet.weights_delta_tolerance,
             )
         else:
             settings = self.central_inference
