@@ -6,8 +6,11 @@ floating-point weight an actor holds stays within a stated bound of the learner'
     |w_actor - w_learner| <= tau_t = tolerance * rms_t     for every element of tensor t,
 
 where ``w_learner`` is the weights version the actor holds as the learner published it and
-``rms_t`` is tensor t's root mean square when the server first saw it (the network's over all
-tensors, for a tensor that was all zero then). Plus float32 rounding of the products below.
+``rms_t`` is tensor t's root mean square when the server drew its grid (from the first weights
+it was asked for; the network's RMS over all tensors, for a tensor that was all zero then),
+fixed from then on. Plus float32 rounding of the products below. A new grid is drawn (and every
+actor pulls in full) when the server restarts, the network's layout changes, or a weight grows
+past 2**29 grid units; weights holding NaN or inf are refused (``ValueError`` at the pull).
 
 How (the server's side, :class:`DeltaPublisher`, inside the parameter server):
 
@@ -23,7 +26,8 @@ How (the server's side, :class:`DeltaPublisher`, inside the parameter server):
 - **What travels.** A pull names the version (and grid) it holds; it gets the sum of the shadow's
   changes since then, as a bitmap of the changed elements plus their int8 steps (larger steps as
   int32), compressed (zstd where the ``zstandard`` package is installed, else zlib). New actors,
-  actors behind the retained history (``max_history`` advances), actors of a previous server
+  actors behind the retained history (``max_history`` advances, and no more changes than twice
+  the network's elements), actors of a previous server
   incarnation and pulls whose delta would not be smaller get the shadow in full (``m`` in the
   narrowest integer type, compressed, and the units).
 
@@ -49,6 +53,7 @@ from rl_dist_ext.weight_compression import map_float_leaves, map_leaves
 DEFAULT_TOLERANCE = 0.02
 UNITS_PER_TOLERANCE = 4  # grid units per tau: an element that moves lands within tau / 8
 _ESCAPE = -128  # an int8 step that stands for "the next int32 escape value"
+_MAX_COUNT = 2**29  # grid units a weight may be from 0: int32 with room for their sums
 
 
 @dataclass(frozen=True)
@@ -178,7 +183,7 @@ class DeltaPublisher:
             full.
     """
 
-    def __init__(self, tolerance: float = DEFAULT_TOLERANCE, *, max_history: int = 64) -> None:
+    def __init__(self, tolerance: float = DEFAULT_TOLERANCE, *, max_history: int = 1024) -> None:
         self.tolerance = check_real("delta_tolerance", tolerance, low=0.0, strict=True)
         self._max_history = check_int("max_history", max_history, 1)
         self._codec, self._compress = _compressor()
@@ -215,15 +220,23 @@ class DeltaPublisher:
         return answer
 
     def _advance(self, flat: FlatWeights, version: int) -> None:
+        if not np.all(np.isfinite(flat.values)):
+            raise ValueError(
+                f"the weights of version {version} hold NaN or inf (the learner diverged): "
+                "delta pulls carry finite weights only"
+            )
         layout = _leaf_sizes(flat.skeleton)
         self._skeleton = flat.skeleton
         self._full = None
-        if layout != self._layout:  # the first weights, or another network: a new grid
+        counts = None if layout != self._layout else flat.values / self._unit
+        if counts is None or np.abs(counts).max() > _MAX_COUNT:
+            # the first weights, another network, or weights that outgrew the grid's int32
+            # range: a new grid, and every actor pulls in full
             self._new_grid(flat, layout)
             self.version = version
             return
-        assert self._unit is not None and self._shadow is not None
-        residual = flat.values / self._unit  # in grid units, float32
+        assert self._shadow is not None
+        residual = counts  # in grid units, float32
         residual -= self._shadow
         where = np.flatnonzero(np.abs(residual) > UNITS_PER_TOLERANCE).astype(np.int32)
         steps = np.rint(residual[where]).astype(np.int32)
@@ -235,7 +248,7 @@ class DeltaPublisher:
         self.version = version
 
     def _new_grid(self, flat: FlatWeights, layout: tuple) -> None:
-        """Units from these weights (a changed layout: a new grid, every actor pulls in full)."""
+        """Units from these weights (after the first: a new grid, every actor pulls in full)."""
         if self._layout is not None:
             self.grid = uuid.uuid4().hex
         overall = float(np.sqrt(np.mean(np.square(flat.values, dtype=np.float64))))
@@ -249,7 +262,13 @@ class DeltaPublisher:
         self._layout = layout
         self._unit_of_leaf = np.asarray(units, np.float32)
         self._unit = np.repeat(self._unit_of_leaf, [size for _, size in layout])
-        self._shadow = np.rint(flat.values / self._unit).astype(np.int32)
+        counts = flat.values / self._unit
+        if np.abs(counts).max(initial=0.0) > _MAX_COUNT:
+            raise ValueError(
+                f"delta_tolerance={self.tolerance!r} is too fine for these weights: a weight "
+                f"is {np.abs(counts).max():.3g} grid units from 0 (at most {_MAX_COUNT})"
+            )
+        self._shadow = np.rint(counts).astype(np.int32)
         self._full_bytes = self._shadow.size  # until a full pull is made: 1 byte an element
         self._history.clear()
 

@@ -229,7 +229,7 @@ class GorilaDQNConfig(CentralInferenceSettingsMixin, DQNConfig):
                 (each runner gets the change since the weights it holds, every weight within
                 ``weights_delta_tolerance`` of the learner's; see ``rl_dist_ext.weight_deltas``).
             weights_delta_tolerance: the bound of ``"delta"`` pulls, as a fraction of each
-                weight tensor's RMS (> 0).
+                weight tensor's RMS (> 0) in the first weights the server sends.
         """
         super().training(**kwargs)
         if target_update_every_n_updates is not NotProvided:

@@ -412,7 +412,6 @@ def test_collector_reports_actors_replay_and_policy_lag(gorila):
     import ray
 
     pulls = ray.get(collector.env.weights_server.handle.stats.remote())
-    assert pulls["num_full_pulls"] + pulls["num_delta_pulls"] == pulls["num_pulls_served"]
     assert pulls["num_full_pulls"] >= 2 and pulls["num_delta_pulls"] >= 1, pulls
 
     stats = collector.collect(n_episode=4)

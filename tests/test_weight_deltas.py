@@ -183,6 +183,39 @@ def test_full_pulls_for_pullers_too_far_behind_of_another_grid_or_another_networ
         DeltaReceiver().apply(publisher.pull(drift(other, rng, 3e-4), 10, (publisher.grid, 9)))
 
 
+def test_a_puller_of_another_grid_gets_a_full_pull_even_where_its_version_is_in_the_history():
+    rng = np.random.default_rng(6)
+    publisher = DeltaPublisher(0.05)
+    weights = network(rng)
+    receiver = DeltaReceiver()
+    for version in range(1, 5):
+        weights = drift(weights, rng, scale=0.0003)
+        receiver.apply(publisher.pull(weights, version, receiver.held))
+    assert not publisher.pull(drift(weights, rng, 3e-4), 5, (publisher.grid, 3)).is_full
+    assert publisher.pull(drift(weights, rng, 3e-4), 6, ("another grid", 5)).is_full
+
+
+def test_weights_that_outgrow_the_grid_start_a_new_one_and_non_finite_ones_are_refused():
+    rng = np.random.default_rng(7)
+    tolerance = 0.05
+    publisher = DeltaPublisher(tolerance)
+    weights = network(rng)
+    receiver = DeltaReceiver()
+    receiver.apply(publisher.pull(weights, 1, receiver.held))
+    grid = publisher.grid
+    grown = drift(weights, rng, scale=0.0)
+    grown["head"][1] = np.full(6, 1e7, np.float32)  # 1.6e9 grid units of that tensor
+    pulled = publisher.pull(grown, 2, receiver.held)
+    assert pulled.is_full and publisher.grid != grid
+    assert_within(bounds(grown, tolerance), grown, receiver.apply(pulled))  # the new grid's
+    broken = drift(grown, rng, scale=0.0)
+    broken["head"][0][0, 0] = np.nan
+    with pytest.raises(ValueError, match="NaN or inf"):
+        publisher.pull(broken, 3, receiver.held)
+    with pytest.raises(ValueError, match="delta_tolerance=1e-12 is too fine"):
+        DeltaPublisher(1e-12).pull({"w": np.array([1.0, 1e-6], np.float32)}, 1, None)
+
+
 def test_flatten_and_unflatten_are_inverse_on_mixed_trees():
     tree = network(np.random.default_rng(4))
     flat = flatten_weights(tree)
@@ -247,7 +280,6 @@ def test_delta_pulls_through_a_parameter_server_actor_in_other_processes(ray_ses
         assert ray.get(puller.pull.remote(), timeout=60) is None  # nothing newer
         stats = ray.get(server.handle.stats.remote())
         assert stats["num_full_pulls"] == 1 and stats["num_delta_pulls"] == 4
-        assert server._deltas.held is None  # the learner's copy pulled nothing
 
         ray.kill(server.handle, no_restart=False)  # Ray restarts it, empty, with a new grid
         weights = drift(weights, rng, scale=0.004)
@@ -262,7 +294,10 @@ def test_delta_pulls_through_a_parameter_server_actor_in_other_processes(ray_ses
                 pass
             assert time.monotonic() < deadline
             time.sleep(0.2)
-        got_version, got = ray.get(puller.pull.remote(), timeout=60)
+        while (pulled := ray.get(puller.pull.remote(), timeout=60)) is None:
+            assert time.monotonic() < deadline  # a pull the old server answered: nothing newer
+            time.sleep(0.2)
+        got_version, got = pulled
         assert got_version == 6
         assert_within(taus, weights, got)
         stats = ray.get(server.handle.stats.remote())

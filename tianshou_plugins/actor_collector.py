@@ -101,7 +101,7 @@ class ActorFleet:
             change since the weights it holds, every weight within ``weights_delta_tolerance``
             of the learner's; ``rl_dist_ext.weight_deltas``).
         weights_delta_tolerance: the bound of ``"delta"`` pulls, as a fraction of each weight
-            tensor's RMS (> 0).
+            tensor's RMS (> 0) in the first weights the server sends.
     """
 
     num_actors: int = 4
