@@ -188,11 +188,10 @@ class ParameterServer:
             raise ValueError(
                 "this parameter server serves no delta pulls: start it with delta_tolerance"
             )
-        self.num_pulls += 1
-        if self._latest is None or self._latest.version <= version:
+        latest = self.pull_if_newer(version)
+        if latest is None:
             return None
-        self.num_pulls_served += 1
-        return self._deltas.pull(self._latest.weights, self._latest.version, held)
+        return self._deltas.pull(latest.weights, latest.version, held)
 
     def version(self) -> int:
         """The held version, -1 before the first publish."""
