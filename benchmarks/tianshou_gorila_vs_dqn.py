@@ -52,6 +52,7 @@ from tianshou_race import (
     ENVS,
     RunClock,
     cartpole,
+    collection_rate,
     test_collector,
     train_until_target,
 )
@@ -287,16 +288,13 @@ def collection_throughput(actor_counts: list[int], args) -> list[dict]:
                     seed=0,
                     timeout_s=ACTOR_TIMEOUT_S,
                 )
-                # collect() returns every rollout finished since its last call (waiting for at
-                # least one rollout per actor); the actors keep stepping between calls
-                chunk = collector.env_num * 16  # steps_per_env=16: one rollout of each actor
-                warm_up_end = time.perf_counter() + args.throughput_warmup_seconds
-                while time.perf_counter() < warm_up_end:
-                    collector.collect(n_step=chunk)
-                steps, start = 0, time.perf_counter()
-                while time.perf_counter() - start < args.throughput_seconds:
-                    steps += collector.collect(n_step=chunk).n_collected_steps
-                seconds = time.perf_counter() - start
+                rate = collection_rate(
+                    collector,
+                    chunk=collector.env_num * 16,  # steps_per_env=16: a rollout of each actor
+                    seconds=args.throughput_seconds,
+                    warmup_s=args.throughput_warmup_seconds,
+                    empty_buffer=False,  # the replay keeps the rows
+                )
             finally:
                 if collector is not None:
                     collector.close()
@@ -305,9 +303,7 @@ def collection_throughput(actor_counts: list[int], args) -> list[dict]:
                 {
                     "num_actors": num_actors,
                     "envs_per_actor": args.throughput_envs_per_actor,
-                    "env_steps": steps,
-                    "seconds": seconds,
-                    "env_steps_per_s": steps / seconds,
+                    **rate,
                 }
             )
             print(f"throughput {num_actors} actors: {rows[-1]}", flush=True)

@@ -146,3 +146,35 @@ def train_until_target(
         "best_test_return": clock.best_test_return,
         "curve": clock.curve,
     }
+
+
+def collection_rate(
+    collector, *, chunk: int, seconds: float, warmup_s: float, empty_buffer: bool
+) -> dict:
+    """Env steps per second a Ray-actor collector delivers with no learner: ``collect(n_step=
+    chunk)`` over and over for ``warmup_s`` (not counted), then for ``seconds``. A collect
+    returns every rollout finished since the last one (at least ``chunk`` steps); the actors
+    keep stepping between calls. ``empty_buffer``: empty the collector's buffer after each
+    collect, as an on-policy trainer does after its update (a V-trace collector's buffer holds
+    one collect's trajectories); the fewest steps one collect returned are reported."""
+
+    def collect() -> int:
+        steps = collector.collect(n_step=chunk).n_collected_steps
+        if empty_buffer:
+            collector.reset_buffer(keep_statistics=True)
+        return steps
+
+    warm_up_end = time.perf_counter() + warmup_s
+    while time.perf_counter() < warm_up_end:
+        collect()
+    counts, start = [], time.perf_counter()
+    while time.perf_counter() - start < seconds:
+        counts.append(collect())
+    measured = time.perf_counter() - start
+    return {
+        "env_steps": sum(counts),
+        "seconds": measured,
+        "env_steps_per_s": sum(counts) / measured,
+        "collects": len(counts),
+        "fewest_steps_per_collect": min(counts),
+    }

@@ -26,14 +26,22 @@ how those were chosen: PPO and A2C over 8 ``DummyVectorEnv`` envs and 8 and 16
 
 Every run is a process of its own (VTrace's with a fresh Ray of 2 CPUs); finished runs are kept
 under ``<--out>/races/`` and skipped when the script runs again. The report is
-``<--out>/races/<race>.{json,md,png}``::
+``<--out>/races/<race>.{json,md,png}``.
+
+``--throughput`` measures instead (no race): env steps/s of a ``VTraceCollector`` on
+SlowCartPole-v1 with no learner, per layout (``--throughput-layouts``: actors x envs per actor)
+and per way the actors step their envs (``--throughput-stepping``: ``ActorFleet.env_stepping``),
+to ``<--out>/tianshou_vtrace_throughput.{json,md}``::
 
     .venv/bin/python benchmarks/tianshou_vtrace_vs_ppo.py [--race cartpole] [--seeds 0 1 2]
+    .venv/bin/python benchmarks/tianshou_vtrace_vs_ppo.py --throughput
 """
 
 from __future__ import annotations
 
 import argparse
+import os
+import time
 from functools import partial
 from types import SimpleNamespace
 
@@ -41,6 +49,8 @@ import numpy as np
 import torch
 from harness import Arm, Race, add_race_arguments, run_and_report
 from race import TARGET
+from results_files import write_results
+from slow_env import slow_cartpole
 from tianshou.algorithm import A2C, PPO
 from tianshou.algorithm.modelfree.reinforce import ProbabilisticActorPolicy
 from tianshou.algorithm.optim import AdamOptimizerFactory
@@ -53,6 +63,7 @@ from tianshou_race import (
     ENVS,
     RunClock,
     cartpole,
+    collection_rate,
     test_collector,
     train_until_target,
 )
@@ -309,12 +320,105 @@ def make_race(
 RACES = ("cartpole", "layouts")
 
 
+def layout(text: str) -> tuple[int, int]:
+    """``"4x4"`` -> (4 actors, 4 envs per actor)."""
+    actors, _, envs = text.partition("x")
+    if not (actors.isdigit() and envs.isdigit() and int(actors) > 0 and int(envs) > 0):
+        raise argparse.ArgumentTypeError(f"{text!r}: give ACTORSxENVS, e.g. 4x4")
+    return int(actors), int(envs)
+
+
+def collection_throughput(args: argparse.Namespace) -> dict:
+    """Env steps/s of a ``VTraceCollector`` (no learner) on SlowCartPole-v1, per layout and
+    env stepping, in one Ray of 2 CPUs."""
+    import ray
+
+    rows = []
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    try:
+        for stepping in args.throughput_stepping:
+            for actors, envs in args.throughput_layouts:
+                policy, critic = actor_critic(0)
+                algorithm = VTrace(policy=policy, critic=critic, optim=AdamOptimizerFactory())
+                collector = VTraceCollector(
+                    algorithm,
+                    env_factory=slow_cartpole,
+                    num_actors=actors,
+                    envs_per_actor=envs,
+                    steps_per_env=32,
+                    num_cpus_per_actor=0.1,
+                    env_stepping=stepping,
+                    seed=0,
+                    timeout_s=ACTOR_TIMEOUT_S,
+                )
+                try:
+                    rate = collection_rate(
+                        collector,
+                        chunk=collector.env_num * 32,  # a trajectory of each actor
+                        seconds=args.throughput_seconds,
+                        warmup_s=args.throughput_warmup_seconds,
+                        empty_buffer=True,
+                    )
+                finally:
+                    collector.close()
+                rows.append({"stepping": stepping, "actors": actors, "envs_per_actor": envs})
+                rows[-1].update(rate)
+                print(f"throughput: {rows[-1]}", flush=True)
+    finally:
+        ray.shutdown()
+    return {
+        "when": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
+        "cpus": os.cpu_count(),
+        "seconds": args.throughput_seconds,
+        "warmup_seconds": args.throughput_warmup_seconds,
+        "rows": rows,
+    }
+
+
+def throughput_markdown(report: dict) -> list[str]:
+    lines = [
+        "# Tianshou VTrace: collection throughput on the 2 ms CartPole",
+        "",
+        f"{report['when']}, {report['cpus']} CPUs, Ray with 2 CPUs; a VTraceCollector with no "
+        f"learner, trajectories of 32 steps, {report['seconds']:.0f} s after "
+        f"{report['warmup_seconds']:.0f} s of warm-up. Each step sleeps 2 ms, so one env steps "
+        "at most 500 times a second: envs stepped one after another in an actor add nothing, "
+        "envs stepped at once add their rate.",
+        "",
+        "| env stepping | actors x envs | env steps/s | per env |",
+        "|---|---|---:|---:|",
+    ]
+    for row in report["rows"]:
+        envs = row["actors"] * row["envs_per_actor"]
+        lines.append(
+            f"| {row['stepping']} | {row['actors']} x {row['envs_per_actor']} "
+            f"| {row['env_steps_per_s']:,.0f} | {row['env_steps_per_s'] / envs:,.0f} |"
+        )
+    return lines
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--race", choices=RACES, default="cartpole")
     parser.add_argument("--epoch-steps", type=int, default=5_000, help="env steps per test")
     add_race_arguments(parser, cap_s=300.0, envs=ENVS)
+    throughput = parser.add_argument_group("collection throughput (instead of a race)")
+    throughput.add_argument("--throughput", action="store_true", help="measure it, no race")
+    throughput.add_argument(
+        "--throughput-layouts",
+        type=layout,
+        nargs="+",
+        default=[(1, 16), (2, 8), (4, 4), (8, 2)],
+        metavar="AxE",
+    )
+    throughput.add_argument("--throughput-stepping", nargs="+", default=["sequential", "threads"])
+    throughput.add_argument("--throughput-seconds", type=float, default=15.0)
+    throughput.add_argument("--throughput-warmup-seconds", type=float, default=3.0)
     args = parser.parse_args(argv)
+    if args.throughput:
+        report = collection_throughput(args)
+        write_results(args.out / "tianshou_vtrace_throughput", report, throughput_markdown(report))
+        return
     race = make_race(
         args.race, epoch_steps=args.epoch_steps, cap_s=args.max_seconds, envs=args.envs
     )

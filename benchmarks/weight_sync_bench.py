@@ -1,11 +1,14 @@
 """Weight sync: bytes, pulls/s and greedy-action agreement of fp32, fp16, int8 and delta pulls,
 on weights from real DQN training steps.
 
-Two networks: Tianshou's Atari ``DQNet`` (the Nature DQN CNN, 84x84x4 input, 6 Pong actions;
-1.7M parameters) and a CartPole MLP (4-256-256-2, ReLU). Each is trained by DQN updates (Huber
+Three networks: Tianshou's Atari ``DQNet`` (the Nature DQN CNN, 84x84x4 input, 6 Pong actions;
+1.7M parameters) and a CartPole MLP (4-256-256-2, ReLU), each trained by DQN updates (Huber
 loss on double-free 1-step targets, a target network synced every 500 updates, Adam, batch 32)
-on transitions of random play (Pong: ``--frames`` frames; CartPole: 20k steps); the weights are
-recorded every ``--spacing`` updates after ``--warmup`` updates. Then, for each encoding of
+on transitions of random play (Pong: ``--frames`` frames; CartPole: 20k steps), agreement taken
+on held-out random-play observations; and ``cartpole_trained``: the same MLP first trained
+online to a greedy return of 475 (its own transitions then its training data), agreement taken
+on the states its greedy policy visits. The weights are recorded every ``--spacing`` updates
+after ``--warmup`` updates. Then, for each encoding of
 ``rl_dist_ext.weight_compression`` / ``rl_dist_ext.weight_deltas``:
 
 - **bytes per pull** (pickle protocol 5, what Ray ships). For ``"delta"``: actors pull every
@@ -57,6 +60,7 @@ class Task(NamedTuple):
     train: Transitions
     eval_obs: torch.Tensor  # held-out observations, as the network takes them
     lr: float
+    info: dict | None = None  # how the task's network was trained, where that is its own
 
     def q(self, state: dict, obs: torch.Tensor | None = None) -> torch.Tensor:
         net = copy.deepcopy(self.net)
@@ -113,15 +117,123 @@ def mlp_task(eval_frames: int) -> Task:
     train = Transitions(play.obs[: n + 1], *(x[:n] for x in play[1:]))
     eval_obs = torch.as_tensor(play.obs[n + 1 :], dtype=torch.float32)
     torch.manual_seed(0)
-    net = torch.nn.Sequential(
+    net = cartpole_mlp()
+    # lr 5e-4: GorilaDQN's CartPole race settings (benchmarks/rllib_gorila_vs_dqn.py)
+    return Task("mlp", net, train, eval_obs, lr=5e-4)
+
+
+def cartpole_mlp() -> torch.nn.Module:
+    return torch.nn.Sequential(
         torch.nn.Linear(4, 256),
         torch.nn.ReLU(),
         torch.nn.Linear(256, 256),
         torch.nn.ReLU(),
         torch.nn.Linear(256, 2),
     )
-    # lr 5e-4: GorilaDQN's CartPole race settings (benchmarks/rllib_gorila_vs_dqn.py)
-    return Task("mlp", net, train, eval_obs, lr=5e-4)
+
+
+def trained_cartpole_task(eval_frames: int, *, max_steps: int = 150_000) -> Task:
+    """The CartPole MLP trained online by DQN (epsilon 1 -> 0.02 over 20k steps, an update of
+    32 rows every env step, a target sync every 500 updates, Adam 5e-4) until 5 greedy
+    episodes average at least 475 (checked every 5k env steps, at most ``max_steps``). Its
+    transitions are the task's training data (the updates recorded later go on from the
+    trained weights on them, as the learner goes on on its replay), and its held-out
+    observations are the states its greedy policy visits (``eval_frames`` of them): where the
+    actors act, not random play's states."""
+    import gymnasium as gym
+
+    torch.manual_seed(0)
+    net = cartpole_mlp()
+    target = copy.deepcopy(net)
+    optim = torch.optim.Adam(net.parameters(), lr=5e-4)
+    rng = np.random.default_rng(0)
+    env = gym.make("CartPole-v1")
+    obs, _ = env.reset(seed=0)
+    stream, actions, rewards, dones = [obs], [], [], []
+    greedy = float("nan")
+    for step in range(1, max_steps + 1):
+        epsilon = max(0.02, 1.0 - step / 20_000)
+        if rng.random() < epsilon:
+            action = int(rng.integers(2))
+        else:
+            with torch.no_grad():
+                action = int(net(torch.as_tensor(obs, dtype=torch.float32)).argmax())
+        obs, reward, terminated, truncated, _ = env.step(action)
+        actions.append(action)
+        rewards.append(reward)
+        dones.append(float(terminated))  # a truncation still bootstraps
+        if terminated or truncated:
+            obs, _ = env.reset()
+        stream.append(obs)
+        if step >= 1_000:
+            rows = rng.integers(len(actions), size=32)
+            dqn_update(net, target, optim, *_batch(stream, actions, rewards, dones, rows))
+            if step % 500 == 0:
+                target.load_state_dict(net.state_dict())
+        if step % 5_000 == 0:
+            greedy = float(np.mean([s.shape[0] for s in greedy_episodes(net, 5, seed=step)]))
+            if greedy >= 475:
+                break
+    env.close()
+    if step % 5_000:
+        greedy = float(np.mean([s.shape[0] for s in greedy_episodes(net, 5, seed=step)]))
+    print(f"trained CartPole MLP: greedy return {greedy:.0f} after {step} env steps", flush=True)
+    episodes: list[np.ndarray] = []
+    while sum(len(states) for states in episodes) < eval_frames:
+        episodes += greedy_episodes(net, 1, seed=10_000 + len(episodes))
+    visited = np.concatenate(episodes)[:eval_frames]
+    train = Transitions(
+        np.stack(stream),
+        np.asarray(actions, np.int64),
+        np.asarray(rewards, np.float32),
+        np.asarray(dones, np.float32),
+    )
+    info = {"greedy_return": greedy, "env_steps": step, "eval_states": len(visited)}
+    return Task("cartpole_trained", net, train, torch.as_tensor(visited), lr=5e-4, info=info)
+
+
+def greedy_episodes(net: torch.nn.Module, episodes: int, *, seed: int) -> list[np.ndarray]:
+    """The states of ``episodes`` greedy CartPole episodes (float32, one array each)."""
+    import gymnasium as gym
+
+    env = gym.make("CartPole-v1")
+    runs = []
+    for episode in range(episodes):
+        obs, _ = env.reset(seed=seed + episode)
+        states, done = [], False
+        while not done:
+            states.append(obs)
+            with torch.no_grad():
+                action = int(net(torch.as_tensor(obs, dtype=torch.float32)).argmax())
+            obs, _, terminated, truncated, _ = env.step(action)
+            done = terminated or truncated
+        runs.append(np.asarray(states, np.float32))
+    env.close()
+    return runs
+
+
+def _batch(stream, actions, rewards, dones, rows):
+    obs = torch.as_tensor(np.asarray([stream[i] for i in rows]), dtype=torch.float32)
+    next_obs = torch.as_tensor(np.asarray([stream[i + 1] for i in rows]), dtype=torch.float32)
+    return (
+        obs,
+        torch.as_tensor([actions[i] for i in rows]),
+        torch.as_tensor([rewards[i] for i in rows], dtype=torch.float32),
+        torch.as_tensor([dones[i] for i in rows], dtype=torch.float32),
+        next_obs,
+    )
+
+
+def dqn_update(net, target, optim, obs, actions, rewards, dones, next_obs) -> None:
+    """One DQN step: Huber loss on 1-step targets bootstrapped from ``target``'s max."""
+    with torch.no_grad():
+        bootstrap = q_values(target, next_obs).max(1).values
+    y = rewards + 0.99 * (1 - dones) * bootstrap
+    q = q_values(net, obs).gather(1, actions[:, None])
+    loss = torch.nn.functional.smooth_l1_loss(q[:, 0], y)
+    optim.zero_grad()
+    loss.backward()
+    optim.step()
 
 
 def train_snapshots(task: Task, *, warmup: int, updates: int, spacing: int) -> list[dict]:
@@ -138,19 +250,16 @@ def train_snapshots(task: Task, *, warmup: int, updates: int, spacing: int) -> l
         if update == warmup + updates:
             break
         rows = rng.integers(len(task.train.actions), size=32)
-        obs = torch.as_tensor(task.train.obs[rows] / scale, dtype=torch.float32)
-        next_obs = torch.as_tensor(task.train.obs[rows + 1] / scale, dtype=torch.float32)
-        with torch.no_grad():
-            bootstrap = q_values(target, next_obs).max(1).values
-        y = (
-            torch.as_tensor(task.train.rewards[rows])
-            + 0.99 * (1 - torch.as_tensor(task.train.dones[rows])) * bootstrap
+        dqn_update(
+            net,
+            target,
+            optim,
+            torch.as_tensor(task.train.obs[rows] / scale, dtype=torch.float32),
+            torch.as_tensor(task.train.actions[rows]),
+            torch.as_tensor(task.train.rewards[rows]),
+            torch.as_tensor(task.train.dones[rows]),
+            torch.as_tensor(task.train.obs[rows + 1] / scale, dtype=torch.float32),
         )
-        q = q_values(net, obs).gather(1, torch.as_tensor(task.train.actions[rows])[:, None])
-        loss = torch.nn.functional.smooth_l1_loss(q[:, 0], y)
-        optim.zero_grad()
-        loss.backward()
-        optim.step()
         if (update + 1) % 500 == 0:
             target.load_state_dict(net.state_dict())
     return snapshots
@@ -284,11 +393,30 @@ def pulls_per_s(
         server.close()
 
 
+#: the networks, each made from the command line's settings
+TASKS = {
+    "nature": lambda args: nature_task(args.frames, args.eval_frames),
+    "mlp": lambda args: mlp_task(args.eval_frames),
+    "cartpole_trained": lambda args: trained_cartpole_task(
+        args.trained_eval_states, max_steps=args.trained_max_steps
+    ),
+}
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--nets", nargs="+", choices=("nature", "mlp"), default=["nature", "mlp"])
+    parser.add_argument("--nets", nargs="+", choices=list(TASKS), default=list(TASKS))
     parser.add_argument("--frames", type=int, default=3_000, help="Pong training frames")
     parser.add_argument("--eval-frames", type=int, default=512)
+    parser.add_argument(
+        "--trained-eval-states",
+        type=int,
+        default=4_000,
+        help="states of the trained CartPole policy's greedy episodes the agreement is taken on",
+    )
+    parser.add_argument(
+        "--trained-max-steps", type=int, default=150_000, help="env steps to train CartPole at most"
+    )
     parser.add_argument("--warmup", type=int, default=200, help="updates before recording")
     parser.add_argument("--updates", type=int, default=1_200, help="updates recorded")
     parser.add_argument("--spacing", type=int, default=25, help="updates between snapshots")
@@ -316,11 +444,7 @@ def main(argv: list[str] | None = None) -> None:
     ray.init(num_cpus=2, include_dashboard=False)
     try:
         for name in args.nets:
-            task = (
-                nature_task(args.frames, args.eval_frames)
-                if name == "nature"
-                else mlp_task(args.eval_frames)
-            )
+            task = TASKS[name](args)
             start = time.perf_counter()
             snapshots = train_snapshots(
                 task, warmup=args.warmup, updates=args.updates, spacing=args.spacing
@@ -359,6 +483,7 @@ def main(argv: list[str] | None = None) -> None:
             report["nets"][name] = {
                 "parameters": int(params),
                 "training_seconds": train_s,
+                "trained": task.info,
                 "rows": rows,
             }
     finally:
@@ -386,10 +511,16 @@ def markdown(report: dict) -> list[str]:
     for name, net in report["nets"].items():
         rows = net["rows"]
         int8 = next(r for r in rows if r["encoding"] == "int8")
+        lines += ["", f"## {name} ({net['parameters']:,} parameters)", ""]
+        if net.get("trained"):
+            t = net["trained"]
+            lines += [
+                f"Trained online to a greedy return of {t['greedy_return']:.0f} (5 episodes) in "
+                f"{t['env_steps']:,} env steps; agreement on {t['eval_states']:,} states its "
+                "greedy policy visits.",
+                "",
+            ]
         lines += [
-            "",
-            f"## {name} ({net['parameters']:,} parameters)",
-            "",
             "| encoding | tolerance | U | actors | bytes per pull | vs int8 full | "
             "greedy agree (min) | max abs Q error | weights U updates old agree | pulls/s |",
             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",

@@ -73,6 +73,14 @@ SCRIPTS: dict[str, tuple[str, float]] = {
         ),
         400,  # two runs in processes of their own, each importing Tianshou and torch
     ),
+    "test_tianshou_vtrace_throughput_bench_writes_json_and_table": (
+        (
+            "benchmarks/tianshou_vtrace_vs_ppo.py --throughput --throughput-layouts 1x2 "
+            "--throughput-stepping sequential threads --throughput-seconds 3 "
+            "--throughput-warmup-seconds 0.5 --out {out}"
+        ),
+        240,
+    ),
     "test_tianshou_gorila_vs_dqn_bench_writes_json_and_table": (
         (
             "benchmarks/tianshou_gorila_vs_dqn.py --seeds 0 --envs CartPole-v1 --max-seconds "
@@ -127,7 +135,8 @@ SCRIPTS: dict[str, tuple[str, float]] = {
         (
             "benchmarks/weight_sync_bench.py --frames 64 --eval-frames 32 --warmup 10"
             " --updates 100 --spacing 10 --updates-between-pulls 10 50 --actors 2"
-            " --tolerances 0.05 --pullers 1 --pulls-step 50 --out {out}/weights"
+            " --tolerances 0.05 --pullers 1 --pulls-step 50 --trained-max-steps 1500"
+            " --trained-eval-states 64 --out {out}/weights"
         ),
         240,
     ),
@@ -343,6 +352,20 @@ def test_tianshou_vtrace_vs_ppo_bench_writes_json_and_table(out_dir):
     assert "| n/a |" in a2c_row  # not labelled the baseline
 
 
+def test_tianshou_vtrace_throughput_bench_writes_json_and_table(out_dir):
+    """The collection throughput, one layout stepped both ways, and no race run."""
+    report = json.loads((out_dir / "tianshou_vtrace_throughput.json").read_text())
+    rows = report["rows"]
+    assert [(r["stepping"], r["actors"], r["envs_per_actor"]) for r in rows] == [
+        ("sequential", 1, 2),
+        ("threads", 1, 2),
+    ]
+    # every collect delivered at least a trajectory of each actor's 2 envs (32 steps each)
+    assert all(r["collects"] > 0 and r["fewest_steps_per_collect"] >= 64 for r in rows)
+    assert "| threads | 1 x 2 |" in (out_dir / "tianshou_vtrace_throughput.md").read_text()
+    assert not (out_dir / "races").exists()
+
+
 @pytest.mark.long  # a race: several arms, each its own Ray session (see module doc)
 def test_tianshou_gorila_vs_dqn_bench_writes_json_and_table(out_dir):
     """The race on the harness, one seed of each arm, each run a process of its own: every
@@ -467,10 +490,14 @@ def test_inference_cost_bench_writes_json_and_table(out_dir):
 
 
 def test_weight_sync_bench_writes_json_and_table(out_dir):
-    """Both networks trained, every encoding measured: fp32 exact, int8 a quarter, delta pulls
-    (3 layouts: U = 10, 50, and 50 with 2 staggered actors) smaller than int8's full pull."""
+    """The three networks trained, every encoding measured: fp32 exact, int8 a quarter, delta
+    pulls (3 layouts: U = 10, 50, and 50 with 2 staggered actors) smaller than int8's full
+    pull; the CartPole policy trained online (1,500 env steps here) says how far it got and on
+    how many of its own states agreement was taken."""
     nets = json.loads((out_dir / "weights.json").read_text())["nets"]
-    assert set(nets) == {"nature", "mlp"}
+    assert set(nets) == {"nature", "mlp", "cartpole_trained"}
+    trained = nets["cartpole_trained"]["trained"]
+    assert trained["env_steps"] == 1_500 and trained["eval_states"] == 64
     for net in nets.values():
         rows = net["rows"]
         assert [r["encoding"] for r in rows] == ["fp32", "fp16", "int8", *["delta"] * 3]

@@ -256,6 +256,25 @@ def test_collector_returns_trajectories_with_the_acting_logp_and_versions(vtrace
         collector.collect(n_step=16, random=True)
 
 
+@pytest.mark.parametrize("stepping", ["threads", "processes"])
+def test_actors_that_step_their_envs_on_threads_or_processes_act_the_same(cluster, stepping):
+    """An actor's first trajectory (seeded envs and sampling, the learner's first weights) is
+    the same whether its envs step one after another, on threads or in spawned processes."""
+    algo = make_algo()
+    first = {}
+    for mode in ("sequential", stepping):
+        collector = make_collector(algo, num_actors=1, env_stepping=mode)
+        try:
+            stats = collector.collect(n_step=16)
+            assert stats.num_trajectories == 1
+            batch, _ = collector.buffer.sample(0)
+            first[mode] = trajectory_from_steps(batch).columns
+        finally:
+            collector.close()
+    for name in ("obs", "actions", "rewards", "next_obs", "terminated", "behaviour_logp"):
+        np.testing.assert_array_equal(first[stepping][name], first["sequential"][name])
+
+
 def test_a_full_buffer_leaves_finished_trajectories_for_the_next_collect(cluster):
     algo = make_algo()
     collector = make_collector(algo, max_trajectories_per_collect=2, max_in_flight_per_actor=2)
@@ -289,6 +308,7 @@ class BoxActionEnv(gym.Env):
         ({"max_trajectories_per_collect": 1}, ValueError, "max_trajectories_per_collect"),
         ({"num_cpus_per_actor": 8.0}, ValueError, "CPUs"),
         ({"seed": -1}, ValueError, "seed"),
+        ({"env_stepping": "parallel"}, ValueError, "env_stepping"),
     ],
 )
 def test_collector_config_errors_raise_before_any_actor_starts(cluster, overrides, error, match):

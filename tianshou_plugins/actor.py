@@ -26,7 +26,6 @@ from tianshou.algorithm.algorithm_base import Policy, policy_within_training_ste
 from tianshou.algorithm.modelfree.dqn import DiscreteQLearningPolicy
 from tianshou.algorithm.modelfree.reinforce import ProbabilisticActorPolicy
 from tianshou.data import Collector, VectorReplayBuffer
-from tianshou.env import DummyVectorEnv
 
 from rl_dist_ext.gorila import ActorStep, ModuleRollouts, Rollout
 from rl_dist_ext.gorila.turns import TurnAssembler, transitions_to_rollout
@@ -34,6 +33,7 @@ from rl_dist_ext.impala import TrajectoryActorStep
 from rl_dist_ext.observations import observation_array
 from rl_dist_ext.ray_actors import InferenceCaller
 from tianshou_plugins.central_inference import Kind, ServerPolicy
+from tianshou_plugins.vector_envs import make_vector_env
 from tianshou_plugins.weights import load_cpu_state_dict
 
 
@@ -47,9 +47,10 @@ class EnvActor:
     in SEED mode (``inference_server`` given), a :class:`~tianshou_plugins.central_inference.
     ServerPolicy` that asks the server and holds no weights.
 
-    What every actor kind shares: the envs (a ``DummyVectorEnv``, seeded per actor), the acting
-    policy, and :meth:`collect_rollout`, which steps every env ``steps_per_env`` times and
-    returns the steps as time-major ``[T, M]`` arrays, with what the server replied in SEED mode.
+    What every actor kind shares: the envs (one vector env, seeded per actor, stepped as
+    ``env_stepping`` says: ``tianshou_plugins.vector_envs``), the acting policy, and
+    :meth:`collect_rollout`, which steps every env ``steps_per_env`` times and returns the steps
+    as time-major ``[T, M]`` arrays, with what the server replied in SEED mode.
     """
 
     def __init__(
@@ -61,6 +62,7 @@ class EnvActor:
         steps_per_env: int,
         actor_index: int,
         seed: int | None = None,
+        env_stepping: str = "sequential",
         inference_server: Any = None,
         server_kind: Kind = "policy",
         epsilon: float = 0.0,
@@ -82,7 +84,7 @@ class EnvActor:
                 observation_space=policy.observation_space,
                 epsilon=epsilon,
             )
-        self.envs = DummyVectorEnv([env_factory] * num_envs)
+        self.envs = make_vector_env(env_factory, num_envs, env_stepping)
         if seed is not None:
             base = seed + 10_000 * actor_index
             np.random.seed(base)  # Tianshou's epsilon-greedy draws from numpy's global RNG
@@ -166,7 +168,7 @@ class GorilaActor(EnvActor):
     Args:
         policy: the learner's policy (a copy is kept, on the CPU).
         env_factory: builds one environment.
-        num_envs: environments stepped by this actor (a ``DummyVectorEnv``).
+        num_envs: environments stepped by this actor (one vector env).
         epsilon: this actor's exploration rate.
         gamma, n_step: discount and horizon of the n-step transitions.
         replay: a ``DistributedReplay`` client.
@@ -195,6 +197,7 @@ class GorilaActor(EnvActor):
         steps_per_env: int,
         actor_index: int,
         seed: int | None = None,
+        env_stepping: str = "sequential",
         inference_server: Any = None,
     ) -> None:
         super().__init__(
@@ -204,6 +207,7 @@ class GorilaActor(EnvActor):
             steps_per_env=steps_per_env,
             actor_index=actor_index,
             seed=seed,
+            env_stepping=env_stepping,
             inference_server=inference_server,
             server_kind="q",
             epsilon=epsilon,
@@ -289,6 +293,7 @@ class MultiAgentGorilaActor(EnvActor):
         steps_per_env: int,
         actor_index: int,
         seed: int | None = None,
+        env_stepping: str = "sequential",
     ) -> None:
         super().__init__(
             policy=policy,
@@ -297,6 +302,7 @@ class MultiAgentGorilaActor(EnvActor):
             steps_per_env=steps_per_env,
             actor_index=actor_index,
             seed=seed,
+            env_stepping=env_stepping,
         )
         # Tianshou's collector summarises each rollout's per-agent returns (unused here) with
         # a warning per call about their 2-d shape.
@@ -446,6 +452,7 @@ class VTraceActor(EnvActor):
         steps_per_env: int,
         actor_index: int,
         seed: int | None = None,
+        env_stepping: str = "sequential",
         inference_server: Any = None,
     ) -> None:
         super().__init__(
@@ -455,6 +462,7 @@ class VTraceActor(EnvActor):
             steps_per_env=steps_per_env,
             actor_index=actor_index,
             seed=seed,
+            env_stepping=env_stepping,
             inference_server=inference_server,
             server_kind="policy",
         )

@@ -41,6 +41,7 @@ from rl_dist_ext.validation import check_int, check_real, start_timeout_s, with_
 from rl_dist_ext.weight_compression import check_encoding
 from rl_dist_ext.weight_deltas import DEFAULT_TOLERANCE
 from tianshou_plugins.central_inference import CentralInference, Kind, TianshouPolicyFactory
+from tianshou_plugins.vector_envs import check_env_stepping
 
 if TYPE_CHECKING:
     from rl_dist_ext.ray_actors import InferenceServerHandle, ParameterServerClient
@@ -88,7 +89,12 @@ class ActorFleet:
 
     Attributes:
         num_actors: actor processes.
-        envs_per_actor: envs each actor steps (one ``DummyVectorEnv``).
+        envs_per_actor: envs each actor steps (one Tianshou vector env).
+        env_stepping: how an actor steps its envs: ``"sequential"`` (one after another, as
+            Tianshou's ``DummyVectorEnv``: fast envs), ``"threads"`` (each on a thread of its
+            own, all at once: envs whose step releases the GIL, as a simulator in C, I/O or a
+            wait) or ``"processes"`` (each in a spawned process of its own: slow envs written
+            in Python); ``tianshou_plugins.vector_envs``.
         steps_per_env: env steps per env in one rollout (a V-trace trajectory's length ``T``).
         weight_sync_every_n_steps: an actor's env steps between weight pulls.
         max_in_flight_per_actor: rollouts queued per actor (how far acting runs ahead).
@@ -106,6 +112,7 @@ class ActorFleet:
 
     num_actors: int = 4
     envs_per_actor: int = 4
+    env_stepping: str = "sequential"
     steps_per_env: int = 16
     weight_sync_every_n_steps: int = 400
     max_in_flight_per_actor: int = 2
@@ -118,6 +125,7 @@ class ActorFleet:
     def __post_init__(self) -> None:
         check_int("num_actors", self.num_actors, 1)
         check_int("envs_per_actor", self.envs_per_actor, 1)
+        check_env_stepping(self.env_stepping)
         check_int("steps_per_env", self.steps_per_env, 1)
         check_int("weight_sync_every_n_steps", self.weight_sync_every_n_steps, 1)
         check_int("max_in_flight_per_actor", self.max_in_flight_per_actor, 1)
@@ -246,6 +254,7 @@ class RayActorCollector(BaseCollector[TStats], Generic[TStats]):
             start_restartable_actor(
                 actor_cls,
                 num_cpus=self.fleet.num_cpus_per_actor,
+                env_stepping=self.fleet.env_stepping,
                 **actor_kwargs(i),
                 **seed_mode,
             )

@@ -1,0 +1,85 @@
+"""How an actor steps its envs: one after another, on threads, or in processes.
+
+An actor's envs form one Tianshou vector env, which sends every env its action and then
+receives every result. ``"sequential"`` (Tianshou's ``DummyVectorEnv``) steps them one after
+another in the actor's thread: right for fast envs, whose step costs less than a handoff.
+``"threads"`` (:class:`ThreadedVectorEnv`) gives each env a thread of its own, so the steps
+overlap wherever a step releases the GIL: a simulator written in C, I/O, a remote service, a
+wait (the benchmarks' 2 ms CartPole). ``"processes"`` (Tianshou's ``SubprocVectorEnv``, spawned:
+forking a Ray worker's threads is unsafe) gives each env a process of its own, for slow envs
+written in Python, at the cost of a process per env and a pickle per step.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any
+
+import gymnasium as gym
+from tianshou.env import BaseVectorEnv, DummyVectorEnv, SubprocVectorEnv
+from tianshou.env.worker import DummyEnvWorker, EnvWorker
+
+#: the ways an actor steps its envs (``ActorFleet.env_stepping``)
+ENV_STEPPINGS = ("sequential", "threads", "processes")
+
+
+class ThreadEnvWorker(DummyEnvWorker):
+    """A Tianshou env worker whose env lives on a thread of its own: it is built, stepped,
+    reset and closed there. ``send`` starts a step or reset and returns; ``recv`` waits for it
+    (and raises what the env raised)."""
+
+    def __init__(self, env_fn: Callable[[], gym.Env]) -> None:
+        self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="env")
+        self._pending: Future | None = None
+        self.env = self._thread.submit(env_fn).result()
+        EnvWorker.__init__(self, env_fn)
+
+    def send(self, action: Any, **kwargs: Any) -> None:
+        self._pending = self._thread.submit(super().send, action, **kwargs)
+
+    def recv(self) -> Any:
+        pending, self._pending = self._pending, None
+        if pending is not None:
+            pending.result()
+        return self.result
+
+    def reset(self, **kwargs: Any) -> Any:
+        return self._thread.submit(super().reset, **kwargs).result()
+
+    def seed(self, seed: int | None = None) -> list[int] | None:
+        return self._thread.submit(super().seed, seed).result()
+
+    def close_env(self) -> None:
+        try:
+            self._thread.submit(self.env.close).result()
+        finally:
+            self._thread.shutdown(wait=True)
+
+
+class ThreadedVectorEnv(BaseVectorEnv):
+    """Tianshou's vector env over :class:`ThreadEnvWorker` s: every env steps on its own
+    thread, all of them at once."""
+
+    def __init__(self, env_fns: list[Callable[[], gym.Env]], **kwargs: Any) -> None:
+        super().__init__(env_fns, ThreadEnvWorker, **kwargs)
+
+
+def check_env_stepping(value: object) -> str:
+    """``value`` if it names one of :data:`ENV_STEPPINGS`, else a ``ValueError`` naming
+    ``env_stepping``."""
+    if not isinstance(value, str) or value not in ENV_STEPPINGS:
+        raise ValueError(f"env_stepping must be one of {ENV_STEPPINGS}, got {value!r}")
+    return value
+
+
+def make_vector_env(env_factory: Callable[[], gym.Env], num_envs: int, stepping: str):
+    """``num_envs`` envs from ``env_factory`` as one Tianshou vector env stepped as
+    ``stepping`` says (see the module docstring)."""
+    env_fns = [env_factory] * num_envs
+    stepping = check_env_stepping(stepping)
+    if stepping == "threads":
+        return ThreadedVectorEnv(env_fns)
+    if stepping == "processes":
+        return SubprocVectorEnv(env_fns, context="spawn")
+    return DummyVectorEnv(env_fns)
