@@ -424,7 +424,7 @@ def main(argv: list[str] | None = None) -> None:
         "--updates-between-pulls", type=int, nargs="+", default=[25, 100, 400], metavar="U"
     )
     parser.add_argument("--actors", type=int, default=4, help="staggered actors at the largest U")
-    parser.add_argument("--tolerances", type=float, nargs="+", default=[0.01, 0.02, 0.05])
+    parser.add_argument("--tolerances", type=float, nargs="+", default=[0.001, 0.005, 0.02])
     parser.add_argument("--pullers", type=int, default=4)
     parser.add_argument("--pulls-step", type=int, default=100, help="updates between rounds")
     parser.add_argument("--out", type=Path, default=RESULTS / "weight_sync_bench")

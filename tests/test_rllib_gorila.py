@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from conftest import alive_actor_ids
 from metrics_keys import documented_keys, undocumented
 
 ray = pytest.importorskip("ray")
@@ -141,18 +142,18 @@ def test_replay_defaults_are_the_core_configs_but_where_gorila_says_otherwise():
     [("Pendulum-v1", "Discrete action space"), ("FrozenLake-v1", "Box observation space")],
 )
 def test_unsupported_env_spaces_raise_before_any_actor_starts(ray_session, env, match):
-    before = alive_actors()
+    before = alive_actor_ids()
     with pytest.raises(ValueError, match=match):
         small_config().environment(env).build_algo()
-    assert alive_actors() == before
+    assert alive_actor_ids() <= before  # none started and left (one dying before may be gone)
 
 
 def test_impossible_resource_ask_raises_before_any_actor_starts(ray_session):
-    before = alive_actors()
+    before = alive_actor_ids()
     config = small_config().env_runners(num_env_runners=8, num_cpus_per_env_runner=1)
     with pytest.raises(ValueError, match=r"GorilaDQN asks for 8\.[0-9]+ CPUs"):
         config.build_algo()
-    assert alive_actors() == before
+    assert alive_actor_ids() <= before  # none started and left (one dying before may be gone)
 
 
 def flat_keys(tree: dict, prefix: str = "") -> set[str]:
