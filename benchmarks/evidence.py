@@ -19,6 +19,22 @@ from dataclasses import dataclass
 
 import numpy as np
 
+import rl_dist_ext.retention
+from rl_dist_ext.retention import KEEP, Retention, keep_line
+
+__all__ = [
+    "Estimate",
+    "Retention",
+    "iqm",
+    "iqm_interval",
+    "keep_line",
+    "probability_of_improvement",
+    "ratio_interval",
+    "retention",
+    "survival_curve",
+    "time_to_target",
+]
+
 #: bootstrap resamples of every interval (rliable's default is 50,000 for many tasks; one
 #: task of 10 runs is stable to about 0.5 % of the IQM at 5,000)
 BOOTSTRAP_REPS = 5_000
@@ -148,36 +164,13 @@ def survival_curve(
     return t, np.concatenate([[1.0], share, [share[-1] if share.size else 1.0]])
 
 
-@dataclass(frozen=True)
-class Retention:
-    """What a run kept after it first reached the target: of its ``later`` evaluations after
-    that one, ``kept`` were at or above the keep line; ``worst`` is the lowest of them."""
-
-    later: int
-    kept: int
-    worst: float
-
-
-def keep_line(target: float, keep: float = 0.8) -> float:
-    """The return a kept evaluation reaches: ``keep`` of the target (for a negative target, as
-    Acrobot's -100, the target less ``1 - keep`` of its size: -120)."""
-    if not 0.0 < keep <= 1.0:
-        raise ValueError(f"keep must be in (0, 1], got {keep!r}")
-    return target - (1.0 - keep) * abs(target)
-
-
 def retention(
-    curve: Sequence[tuple[float, float]], target: float, cap: float, keep: float = 0.8
+    curve: Sequence[tuple[float, float]], target: float, cap: float, keep: float = KEEP
 ) -> Retention | None:
     """After a run's first evaluation at the target (``curve``: ``(training time, greedy
     return)`` points, as :func:`time_to_target` reads them), how many of its later evaluations
     within ``cap`` stay at or above :func:`keep_line`, and the worst of them; ``None`` when the
-    run never reached the target or was never evaluated after it did."""
-    first, reached = time_to_target(curve, target, cap)
-    if not reached:
-        return None
-    line = keep_line(target, keep)
-    later = [value for time, value in curve if first < time <= cap]
-    if not later:
-        return None
-    return Retention(len(later), sum(value >= line for value in later), float(min(later)))
+    run never reached the target or was never evaluated after it did (the package's
+    ``rl_dist_ext.retention``, which the example scripts print, within the race's cap)."""
+    time_to_target(curve, target, cap)  # the cap's check
+    return rl_dist_ext.retention.retention(curve, target, keep=keep, until=cap)

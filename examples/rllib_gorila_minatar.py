@@ -8,12 +8,14 @@ one replay shard of 100k rows whose observations are LZ4-compressed by the env r
 reached a greedy mean return of 10 in 342-441 s of training on 2 CPU cores (seeds 0-2).
 
 RLlib's evaluation runner plays the greedy policy every ``--evaluation-interval`` iterations;
-the run stops once its mean return reaches ``--stop-reward`` (``--as-test``: and fails if it
-never does within ``--stop-timesteps``), prints the best trial and writes a learning curve PNG
-under ``--out``; ``--checkpoint-at-end`` writes a checkpoint with the (compressed) replay.
+the run trains to ``--stop-timesteps`` and then says what it kept after its first greedy
+evaluation at ``--stop-reward``; ``--stop-at-target`` stops there instead (``--as-test``: and
+fails if it never gets there within ``--stop-timesteps``). It prints the best trial and writes a
+learning curve PNG under ``--out``; ``--checkpoint-at-end`` writes a checkpoint with the
+(compressed) replay.
 
     python examples/rllib_gorila_minatar.py [--stop-reward 10] [--stop-timesteps 1000000]
-        [--num-env-runners 2] [--seed 0] [--as-test] [--checkpoint-at-end]
+        [--num-env-runners 2] [--seed 0] [--stop-at-target] [--as-test] [--checkpoint-at-end]
 """
 
 from __future__ import annotations

@@ -11,11 +11,13 @@ The success metric is the greedy learner's mean game return against the random p
 win, -1 a loss, 0 a draw; random against random: about 0), which RLlib's evaluation runner
 measures every ``--evaluation-interval`` iterations over ``--evaluation-duration`` games, both
 seats: ``--stop-reward 0.8`` is about a 0.85 win rate. The sum over both seats, RLlib's usual
-``episode_return_mean``, stays near 0 in a zero-sum game and says nothing. Tune runs the trial;
-the script prints the best trial and writes a learning curve PNG under ``--out``.
+``episode_return_mean``, stays near 0 in a zero-sum game and says nothing. Tune runs the trial
+to ``--stop-timesteps`` (``--stop-at-target``: to the first evaluation at ``--stop-reward``);
+the script says what the learner kept after it first got there, prints the best trial and
+writes a learning curve PNG under ``--out``.
 
     python examples/rllib_multi_agent_tictactoe.py [--stop-reward 0.8] [--stop-timesteps 100000]
-        [--central-inference] [--seed 0] [--as-test] [--checkpoint-at-end]
+        [--central-inference] [--seed 0] [--stop-at-target] [--as-test] [--checkpoint-at-end]
 """
 
 from __future__ import annotations

@@ -8,10 +8,16 @@ so the flags are RLlib's (``--stop-reward``, ``--stop-timesteps``, ``--stop-iter
 ``--restore-from`` (go on from a checkpoint, replay included).
 
 The success metric is a greedy one: RLlib's own evaluation runners act with ``explore=False``
-every ``--evaluation-interval`` iterations, and ``--stop-reward`` applies to their mean return
-(``evaluation/env_runners/episode_return_mean``, or the learning module's return in a game
-against a fixed opponent). The exploring runners' return understates a greedy DQN policy, and
-in a zero-sum game the two seats' returns sum to about 0.
+every ``--evaluation-interval`` iterations, and ``--stop-reward`` is the target for their mean
+return (``evaluation/env_runners/episode_return_mean``, or the learning module's return in a
+game against a fixed opponent). The exploring runners' return understates a greedy DQN policy,
+and in a zero-sum game the two seats' returns sum to about 0.
+
+A run trains to its budget (``--stop-timesteps``, ``--stop-iters``) and its curve shows whether
+the policy kept the target once it reached it; at the end the script says what it kept: of the
+greedy evaluations after the first at ``--stop-reward``, how many stayed at or above 80 % of
+it, and the worst. ``--stop-at-target`` (and ``--as-test``, RLlib's "reach ``--stop-reward``
+within the budget") stops the run at the first evaluation at the target instead.
 
 Ray starts on this machine with all its cores (``--num-cpus`` to say how many); with
 ``RAY_ADDRESS`` set (``auto``, or ``ray://<head>:10001``) the script joins that cluster.
@@ -61,6 +67,12 @@ def example_parser(
         help="a checkpoint folder (a trial's checkpoint_000000, or algo.save_to_path's) to go "
         "on from: its weights, optimizer, counters and (GorilaDQN) replay",
     )
+    parser.add_argument(
+        "--stop-at-target",
+        action="store_true",
+        help="stop at the first greedy evaluation at --stop-reward (--as-test does too); "
+        "without it the run trains to --stop-timesteps or --stop-iters",
+    )
     settings = {"evaluation_interval": 2, "evaluation_duration": 10, "verbose": 1}
     parser.set_defaults(algo=algo, **(settings | defaults))
     return parser
@@ -95,12 +107,13 @@ def run(
     metric: str = EVAL_RETURN,
     keep_ray_up: bool = False,
 ):
-    """Run ``config`` with RLlib's example-script helper: stop at ``--stop-reward`` on
-    ``metric`` (the greedy evaluation return unless evaluation is off), ``--stop-timesteps`` env
-    steps or ``--stop-iters`` iterations; ``--as-test`` raises unless a trial reached
-    ``--stop-reward``. The progress table shows ``columns`` beside the returns. Afterwards the
-    best trial's config and return are printed and every trial's curve is plotted to
-    ``<--out>/learning_curve.png``. ``keep_ray_up`` leaves Ray running (tests share one)."""
+    """Run ``config`` with RLlib's example-script helper to ``--stop-timesteps`` env steps or
+    ``--stop-iters`` iterations (:func:`stop_criteria`); ``--as-test`` raises unless a trial
+    reached ``--stop-reward`` on ``metric`` (the greedy evaluation return unless evaluation is
+    off). The progress table shows ``columns`` beside the returns. Afterwards each trial's
+    retention is printed (:func:`report_retention`), then the best trial's config and return,
+    and every trial's curve is plotted to ``<--out>/learning_curve.png`` with the target and
+    the keep line. ``keep_ray_up`` leaves Ray running (tests share one)."""
     from ray import tune
     from ray.rllib.examples.utils import run_rllib_example_script_experiment
 
@@ -108,8 +121,7 @@ def run(
         config = restore_at_start(config, args.restore_from)
     if args.evaluation_interval <= 0 and metric == EVAL_RETURN:
         metric = TRAIN_RETURN
-    stop = {metric: args.stop_reward, ENV_STEPS: args.stop_timesteps}
-    stop["training_iteration"] = args.stop_iters
+    stop = stop_criteria(args, metric)
     reporter = tune.CLIReporter(
         metric_columns={
             "training_iteration": "iter",
@@ -131,13 +143,39 @@ def run(
     )
     if args.no_tune:
         return results
+    report_retention(results, metric, args)
     best = results.get_best_result(metric=metric, mode="max", scope="all")
     print(f"best trial: {metric} {_best_value(best.metrics_dataframe, metric):.2f}")
     print(f"best trial's config: {_searched(best.config, args)}")
     args.out.mkdir(parents=True, exist_ok=True)
-    plot_trials(results, metric, args.out / "learning_curve.png", title, args.evaluation_interval)
+    path = args.out / "learning_curve.png"
+    plot_trials(results, metric, path, title, args.evaluation_interval, args.stop_reward)
     print(f"learning curve: {args.out / 'learning_curve.png'}")
     return results
+
+
+def stop_criteria(args: argparse.Namespace, metric: str) -> dict[str, float]:
+    """Tune's stop criteria: the budget (``--stop-timesteps`` env steps, ``--stop-iters``
+    iterations), and ``--stop-reward`` on ``metric`` only with ``--stop-at-target`` or
+    ``--as-test``."""
+    stop = {ENV_STEPS: args.stop_timesteps, "training_iteration": args.stop_iters}
+    if args.stop_at_target or args.as_test:
+        stop[metric] = args.stop_reward
+    return stop
+
+
+def report_retention(results, metric: str, args: argparse.Namespace) -> None:
+    """Print, for each trial, what it kept after its first greedy evaluation at
+    ``--stop-reward`` (``rl_dist_ext.retention``)."""
+    from rl_dist_ext.retention import describe
+
+    for index, result in enumerate(results):
+        frame = result.metrics_dataframe
+        if frame is None or metric not in frame or ENV_STEPS not in frame:
+            continue
+        rows = evaluations(frame, metric, args.evaluation_interval)
+        curve = zip(rows[ENV_STEPS], rows[metric], strict=True)
+        print(f"trial {index}: {describe(curve, args.stop_reward, 'env steps')}")
 
 
 def _best_value(frame, metric: str) -> float:
@@ -158,10 +196,15 @@ def evaluations(frame, metric: str, interval: int):
     return rows[[ENV_STEPS, metric]].dropna()
 
 
-def plot_trials(results, metric: str, path: Path, title: str, interval: int) -> None:
+def plot_trials(
+    results, metric: str, path: Path, title: str, interval: int, target: float | None = None
+) -> None:
     """Each trial's ``metric`` (at each evaluation) by env steps, and its exploring return
-    when there are at most two trials."""
+    when there are at most two trials; with ``target``, the target and the keep line (80 % of
+    it)."""
     import matplotlib
+
+    from rl_dist_ext.retention import keep_line
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -178,6 +221,10 @@ def plot_trials(results, metric: str, path: Path, title: str, interval: int) -> 
             greedy = evaluations(frame, metric, interval)
             name = "greedy" if metric.startswith("evaluation/") else "return"
             ax.plot(greedy[ENV_STEPS], greedy[metric], marker=".", label=f"{label}{name}")
+    if target is not None:
+        ax.axhline(target, color="grey", linestyle="--", linewidth=1, label="target")
+        line = keep_line(target)
+        ax.axhline(line, color="grey", linestyle=":", linewidth=1, label="80 % of the target")
     ax.set_xlabel("env steps")
     ax.set_ylabel(metric.replace("env_runners/", ""), fontsize=8)
     ax.set_title(title)

@@ -9,12 +9,15 @@ own copy of the policy), for comparison.
 
 Tune runs the trial; the progress table shows the server's requests/s, rows per batch, queueing
 latency and the policy lag beside the returns. RLlib's evaluation runner plays the greedy policy
-every ``--evaluation-interval`` iterations; the run stops once its mean return reaches
-``--stop-reward`` (``--as-test``: and fails if it never does within ``--stop-timesteps``). It
-prints the best trial and writes a learning curve PNG under ``--out``.
+every ``--evaluation-interval`` iterations; the run trains to ``--stop-timesteps`` and then
+says what it kept after its first greedy evaluation at ``--stop-reward``; ``--stop-at-target``
+stops there instead (``--as-test``: and fails if it never gets there within
+``--stop-timesteps``). It prints the best trial and writes a learning curve PNG under
+``--out``.
 
     python examples/rllib_seed_vtrace_cartpole.py [--stop-reward 450] [--local]
-        [--num-env-runners 4] [--num-envs-per-env-runner 4] [--seed 0] [--as-test]
+        [--num-env-runners 4] [--num-envs-per-env-runner 4] [--seed 0] [--stop-at-target]
+        [--as-test]
 """
 
 from __future__ import annotations

@@ -17,12 +17,14 @@ env steps).
 Local inference by default (each env runner acts with its own copy of the policy; with a GPU in
 the cluster the learner trains there); ``--central`` acts through one inference server (SEED),
 which pays off when that server sits on an accelerator. RLlib's evaluation runner plays the
-greedy policy every ``--evaluation-interval`` iterations; the run stops once its mean return
-reaches ``--stop-reward`` (``--as-test``: and fails if it never does within
-``--stop-timesteps``), prints the best trial and writes a learning curve PNG under ``--out``.
+greedy policy every ``--evaluation-interval`` iterations; the run trains to
+``--stop-timesteps`` and then says what it kept after its first greedy evaluation at
+``--stop-reward``; ``--stop-at-target`` stops there instead (``--as-test``: and fails if it
+never gets there within ``--stop-timesteps``). It prints the best trial and writes a learning
+curve PNG under ``--out``.
 
     python examples/rllib_vtrace_minatar.py [--stop-reward 4] [--stop-timesteps 1000000]
-        [--num-env-runners 2] [--central] [--seed 0] [--as-test]
+        [--num-env-runners 2] [--central] [--seed 0] [--stop-at-target] [--as-test]
 """
 
 from __future__ import annotations

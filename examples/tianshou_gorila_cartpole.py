@@ -5,11 +5,14 @@ with their own Ape-X epsilon and push prioritized n-step transitions to a sharde
 learner in this process trains double DQN and publishes weights the actors pull. Tianshou's
 ``OffPolicyTrainer`` drives it unchanged (``algorithm.run_training``): a progress bar, a greedy
 test (10 episodes) every ``--epoch-steps`` env steps, and a checkpoint (algorithm and replay)
-before each test. A ``TensorboardLogger`` writes under ``--out``/tb; the script stops at
-``--env-steps`` or once the test return reaches ``--target-return``, then prints the final greedy
-return (10 episodes) and writes a learning curve PNG under ``--out``.
+before each test. A ``TensorboardLogger`` writes under ``--out``/tb; the script trains to
+``--env-steps`` (``--stop-at-target``: to the first test at ``--target-return``), then says what
+the run kept after its first test at the target (how many later tests stayed at or above 80 % of
+it), prints the final greedy return (10 episodes) and writes a learning curve PNG under
+``--out``.
 
     .venv/bin/python examples/tianshou_gorila_cartpole.py [--env-steps 200000] [--seed 0]
+        [--stop-at-target]
 """
 
 from __future__ import annotations
@@ -36,7 +39,9 @@ from tianshou_progress import (
     greedy_collector,
     log_outputs,
     plot_curve,
+    report_retention,
     save_checkpoint,
+    stop_at,
 )
 from torch.utils.tensorboard import SummaryWriter
 from tqdm.contrib.logging import logging_redirect_tqdm
@@ -61,6 +66,11 @@ def main() -> None:
     parser.add_argument("--cpus-per-actor", type=float, default=0.25, help="Ray CPUs reserved")
     parser.add_argument("--epoch-steps", type=int, default=10_000, help="env steps per test")
     parser.add_argument("--target-return", type=float, default=475.0)
+    parser.add_argument(
+        "--stop-at-target",
+        action="store_true",
+        help="stop at the first greedy test at --target-return (default: train to --env-steps)",
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, default=Path("runs/tianshou_gorila"))
     add_address_argument(parser)
@@ -131,7 +141,7 @@ def main() -> None:
                     update_step_num_gradient_steps_per_sample=0.25,
                     batch_size=128,
                     test_step_num_episodes=10,
-                    stop_fn=lambda mean_return: mean_return >= args.target_return,
+                    stop_fn=stop_at(args.target_return, args.stop_at_target),
                     save_checkpoint_fn=save_checkpoint_fn,
                     logger=logger,
                     show_progress=True,
@@ -139,10 +149,12 @@ def main() -> None:
                 )
             )
         final = final_greedy_return(policy, make_env)
+        report_retention(logger, args.target_return)
         plot_curve(
             logger,
             args.out / "learning_curve.png",
             "GorilaDQN on CartPole-v1 (Tianshou, rl-dist-ext)",
+            target=args.target_return,
         )
     finally:
         logger.finalize()

@@ -11,8 +11,9 @@ prioritized replay. Everything else is Tianshou's: the test collector, the train
 TensorBoard logger and the experiment folder under ``persistence_base_dir`` (its log, the
 policy of the best test, the events).
 
-The run stops after ``max_epochs`` epochs or at the first test whose mean return reaches
-``target_return``. ``--policy_restore_directory <experiment folder> --train false`` plays
+The run trains for ``max_epochs`` epochs (``--stop_at_target true``: to the first test whose
+mean return reaches ``target_return``; Tianshou's ``EpochStopCallbackRewardThreshold``).
+``--policy_restore_directory <experiment folder> --train false`` plays
 ``watch_num_episodes`` greedy episodes of a saved policy (Tianshou's own restore)::
 
     .venv/bin/python examples/tianshou_gorila_cartpole_hl.py --seed 0
@@ -53,6 +54,7 @@ def main(
     learning_starts: int = 1_000,
     num_test_envs: int = 10,
     target_return: float = 475.0,
+    stop_at_target: bool = False,
     train: bool = True,
     policy_restore_directory: str | None = None,
     watch_num_episodes: int = 10,
@@ -71,7 +73,9 @@ def main(
     :param buffer_size: replay capacity (rows, over all shards).
     :param learning_starts: rows the replay holds before the first gradient step.
     :param num_test_envs: greedy test episodes per epoch.
-    :param target_return: stop at the first test whose mean return reaches this.
+    :param target_return: the greedy test return the run is after.
+    :param stop_at_target: stop at the first test at ``target_return`` (else train for
+        ``max_epochs`` epochs).
     :param train: train (False: only watch the restored policy).
     :param policy_restore_directory: an earlier experiment's folder whose policy to load.
     :param watch_num_episodes: greedy episodes to play after training (0: none).
@@ -106,7 +110,7 @@ def main(
         venv_type=VectorEnvType.DUMMY,
         render_mode_watch=None,  # no window
     )
-    experiment = (
+    builder = (
         GorilaDQNExperimentBuilder(env_factory, experiment_config, training_config)
         .with_dqn_params(
             DQNParams(
@@ -127,9 +131,10 @@ def main(
             )
         )
         .with_model_factory_default(hidden_sizes=(128, 128))
-        .with_epoch_stop_callback(EpochStopCallbackRewardThreshold(target_return))
-        .build()
     )
+    if stop_at_target:
+        builder = builder.with_epoch_stop_callback(EpochStopCallbackRewardThreshold(target_return))
+    experiment = builder.build()
     result = experiment.run()
     try:
         if result.trainer_result is None:  # watched a restored policy only

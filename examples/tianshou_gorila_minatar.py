@@ -11,12 +11,13 @@ sharded replay; the learner in this process trains on the MinAtar paper's networ
 publishes weights that the actors pull.
 
 Every epoch ends with a greedy test (``num_test_envs`` episodes) and a checkpoint (the
-algorithm's state and the whole replay) under ``<run>/checkpoint``; the run stops at
-``epoch`` epochs or once the test return reaches ``target_return``, and writes its learning
-curve to ``<run>/learning_curve.png``. Restore and continue: ``--resume_path <run>`` loads the
-checkpoint, logs into the same run folder and goes on from its last epoch and env step
-(Tianshou's ``resume_from_log``). ``--watch`` only plays ``num_test_envs`` greedy episodes of
-the checkpoint given by ``--resume_path``::
+algorithm's state and the whole replay) under ``<run>/checkpoint``; the run trains for
+``epoch`` epochs (``--stop_at_target true``: to the first test at ``target_return``), says what
+it kept after its first test at the target (how many later tests stayed at or above 80 % of it)
+and writes its learning curve to ``<run>/learning_curve.png``. Restore and continue:
+``--resume_path <run>`` loads the checkpoint, logs into the same run folder and goes on from its
+last epoch and env step (Tianshou's ``resume_from_log``). ``--watch`` only plays
+``num_test_envs`` greedy episodes of the checkpoint given by ``--resume_path``::
 
     .venv/bin/python examples/tianshou_gorila_minatar.py --seed 0
     .venv/bin/python examples/tianshou_gorila_minatar.py --epoch 80 \\
@@ -49,8 +50,10 @@ from tianshou_progress import (
     greedy_collector,
     load_checkpoint,
     plot_curve,
+    report_retention,
     run_cli,
     save_checkpoint,
+    stop_at,
 )
 from torch.utils.tensorboard import SummaryWriter
 
@@ -80,6 +83,7 @@ def main(
     num_shards: int = 1,
     num_test_envs: int = 10,
     target_return: float = 10.0,
+    stop_at_target: bool = False,
     persistence_base_dir: str = "log",
     resume_path: str | None = None,
     watch: bool = False,
@@ -105,7 +109,9 @@ def main(
     :param envs_per_actor: envs each actor steps.
     :param num_shards: replay shards (Ray actors).
     :param num_test_envs: greedy test episodes per epoch.
-    :param target_return: stop once a test's mean return reaches this.
+    :param target_return: the greedy test return the run is after.
+    :param stop_at_target: stop at the first test at ``target_return`` (else train for
+        ``epoch`` epochs).
     :param persistence_base_dir: runs go to ``<this>/<task>/gorila/<seed>/<time>``.
     :param resume_path: a run folder: restore its checkpoint and continue that run.
     :param watch: play ``num_test_envs`` greedy episodes of ``resume_path``'s checkpoint and stop.
@@ -205,7 +211,7 @@ def main(
                 update_step_num_gradient_steps_per_sample=update_per_step,
                 batch_size=batch_size,
                 test_step_num_episodes=num_test_envs,
-                stop_fn=lambda mean_return: mean_return >= target_return,
+                stop_fn=stop_at(target_return, stop_at_target),
                 save_checkpoint_fn=save_checkpoint_fn,
                 logger=logger,
                 resume_from_log=resume_path is not None,
@@ -216,7 +222,9 @@ def main(
         )
         log.info(f"{result.train_step} env steps in {time.perf_counter() - started:.0f} s")
         result.pprint_asdict()
-        plot_curve(logger, log_path / "learning_curve.png", f"GorilaDQN on MinAtar {task}")
+        report_retention(logger, target_return)
+        title = f"GorilaDQN on MinAtar {task}"
+        plot_curve(logger, log_path / "learning_curve.png", title, target=target_return)
         log.info(f"Learning curve: {log_path / 'learning_curve.png'}")
         return float(result.best_reward)
     finally:

@@ -9,11 +9,13 @@ prioritized replay; action masks are honoured when acting, in the initial priori
 double-DQN target. Progress (actors' steps/s, replay size, policy lag, each agent's return) and
 TensorBoard logs come through Tianshou's logger; the greedy learner is tested every
 ``--epoch-steps`` (50 games, Tianshou's test collector, its return reduced to the learner's with
-``multi_agent_return_reduction``). At the end the script prints the learner's win rate against
-the random player over 200 games and writes a checkpoint (algorithm and replay) and a learning
-curve PNG under ``--out``.
+``multi_agent_return_reduction``). The run trains to ``--env-steps`` (``--stop-at-target``: to
+the first test at ``--target-return``). At the end the script says what the learner kept after
+its first test at the target, prints its win rate against the random player over 200 games and
+writes a checkpoint (algorithm and replay) and a learning curve PNG under ``--out``.
 
     .venv/bin/python examples/tianshou_multi_agent_tictactoe.py [--env-steps 60000] [--seed 0]
+        [--stop-at-target]
 """
 
 from __future__ import annotations
@@ -37,7 +39,7 @@ from tianshou.data import Collector
 from tianshou.env import DummyVectorEnv
 from tianshou.trainer import OffPolicyTrainerParams
 from tianshou.utils.net.common import Net
-from tianshou_progress import CurveLogger, log_outputs, plot_curve
+from tianshou_progress import CurveLogger, log_outputs, plot_curve, report_retention, stop_at
 from torch.utils.tensorboard import SummaryWriter
 from tqdm.contrib.logging import logging_redirect_tqdm
 
@@ -70,6 +72,11 @@ def main() -> None:
     parser.add_argument("--envs-per-actor", type=int, default=4)
     parser.add_argument("--epoch-steps", type=int, default=5_000, help="env steps per test")
     parser.add_argument("--target-return", type=float, default=0.8, help="learner's mean result")
+    parser.add_argument(
+        "--stop-at-target",
+        action="store_true",
+        help="stop at the first greedy test at --target-return (default: train to --env-steps)",
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, default=Path("runs/tianshou_multi_agent"))
     add_address_argument(parser)
@@ -148,7 +155,7 @@ def main() -> None:
                     test_step_num_episodes=50,
                     # Tianshou's per-agent returns -> the learner's game results
                     multi_agent_return_reduction=lambda returns: returns[:, 1],
-                    stop_fn=lambda mean_return: mean_return >= args.target_return,
+                    stop_fn=stop_at(args.target_return, args.stop_at_target),
                     save_checkpoint_fn=save_checkpoint,
                     logger=logger,
                     show_progress=True,
@@ -156,10 +163,12 @@ def main() -> None:
                 )
             )
         final = win_rate(learner)
+        report_retention(logger, args.target_return)
         plot_curve(
             logger,
             args.out / "learning_curve.png",
             "GorilaDQN on tic-tac-toe, second seat vs random (Tianshou, rl-dist-ext)",
+            target=args.target_return,
         )
     finally:
         logger.finalize()

@@ -1,6 +1,11 @@
 """What the Tianshou examples share: a progress-logging TensorBoard logger that keeps the
 learning curve, the curve's PNG, a greedy test collector, checkpoints of an algorithm with its
-replay, and the command line of the scripts written in Tianshou's example style."""
+replay, the command line of the scripts written in Tianshou's example style, and what a run
+kept after it reached its target.
+
+The examples train to their budget: a run that reaches the target and then forgets it shows
+that in its curve and in :func:`report_retention`'s line; ``--stop-at-target`` (the trainer's
+``stop_fn``, :func:`stop_at`) stops at the first test at the target instead."""
 
 from __future__ import annotations
 
@@ -16,6 +21,8 @@ from tianshou.data import Collector
 from tianshou.env import DummyVectorEnv
 from tianshou.utils import TensorboardLogger
 from torch.utils.tensorboard import SummaryWriter
+
+from rl_dist_ext.retention import describe, keep_line
 
 log = logging.getLogger("tianshou_progress")
 
@@ -64,7 +71,25 @@ class CurveLogger(TensorboardLogger):
         self.test_curve.append((step, float(log_data["returns_stat"]["mean"])))
 
 
-def plot_curve(logger: CurveLogger, path: Path, title: str) -> None:
+def stop_at(target: float, stop_at_target: bool) -> Callable[[float], bool] | None:
+    """The trainer's ``stop_fn``: stop at the first test whose mean return reaches ``target``
+    when ``stop_at_target``; ``None`` (train to the budget) otherwise."""
+    if not stop_at_target:
+        return None
+    return lambda mean_return: mean_return >= target
+
+
+def report_retention(logger: CurveLogger, target: float) -> str:
+    """Log (and return) what the run kept after its first greedy test at ``target``: how many
+    later tests stayed at or above 80 % of it, and the worst (``rl_dist_ext.retention``)."""
+    line = describe(logger.test_curve, target, "env steps")
+    log.info("greedy tests: %s", line)
+    return line
+
+
+def plot_curve(logger: CurveLogger, path: Path, title: str, target: float | None = None) -> None:
+    """The exploring actors' and the greedy tests' returns by env steps; with ``target``, the
+    target and the keep line (80 % of it)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -77,6 +102,10 @@ def plot_curve(logger: CurveLogger, path: Path, title: str) -> None:
     if logger.test_curve:
         steps, returns = zip(*logger.test_curve, strict=True)
         ax.plot(steps, returns, label="greedy test return (10 episodes)", marker="o")
+    if target is not None:
+        ax.axhline(target, color="grey", linestyle="--", linewidth=1, label="target")
+        line = keep_line(target)
+        ax.axhline(line, color="grey", linestyle=":", linewidth=1, label="80 % of the target")
     ax.set_xlabel("env steps")
     ax.set_ylabel("return")
     ax.set_title(title)

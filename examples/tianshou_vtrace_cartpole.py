@@ -7,12 +7,14 @@ for their policy lag with V-trace and publishes weights the actors pull. Tiansho
 ``OnPolicyTrainer`` drives it unchanged (``algorithm.run_training``): a progress bar, a greedy
 test (10 episodes) every ``--epoch-steps`` env steps, and a checkpoint before each test. A
 ``TensorboardLogger`` writes under ``--out``/tb (throughput, policy lag, queue fill, losses,
-mean importance ratio); the script stops at ``--env-steps`` or once the test return reaches
-``--target-return``, then prints the final greedy return (10 episodes) and writes a learning
-curve PNG under ``--out``. ``--central`` runs SEED mode: one inference server acts for every
+mean importance ratio); the script trains to ``--env-steps`` (``--stop-at-target``: to the
+first test at ``--target-return``), then says what the run kept after its first test at the
+target, prints the final greedy return (10 episodes) and writes a learning curve PNG under
+``--out``. ``--central`` runs SEED mode: one inference server acts for every
 actor (the actors hold no weights).
 
     .venv/bin/python examples/tianshou_vtrace_cartpole.py [--env-steps 300000] [--central]
+        [--stop-at-target]
 """
 
 from __future__ import annotations
@@ -36,6 +38,8 @@ from tianshou_progress import (
     greedy_collector,
     log_outputs,
     plot_curve,
+    report_retention,
+    stop_at,
 )
 from torch.utils.tensorboard import SummaryWriter
 from tqdm.contrib.logging import logging_redirect_tqdm
@@ -77,6 +81,11 @@ def main() -> None:
     parser.add_argument("--collect-steps", type=int, default=512, help="env steps per update")
     parser.add_argument("--epoch-steps", type=int, default=20_000, help="env steps per test")
     parser.add_argument("--target-return", type=float, default=475.0)
+    parser.add_argument(
+        "--stop-at-target",
+        action="store_true",
+        help="stop at the first greedy test at --target-return (default: train to --env-steps)",
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--central", action="store_true", help="SEED mode: an inference server")
     parser.add_argument("--out", type=Path, default=Path("runs/tianshou_vtrace"))
@@ -139,7 +148,7 @@ def main() -> None:
                     batch_size=args.batch_size,
                     update_step_num_repetitions=1,
                     test_step_num_episodes=10,
-                    stop_fn=lambda mean_return: mean_return >= args.target_return,
+                    stop_fn=stop_at(args.target_return, args.stop_at_target),
                     save_checkpoint_fn=save_checkpoint,
                     logger=logger,
                     show_progress=True,
@@ -148,7 +157,8 @@ def main() -> None:
             )
         final = final_greedy_return(algorithm.policy, make_env)
         title = "V-trace (IMPALA) on CartPole-v1 (Tianshou, rl-dist-ext)"
-        plot_curve(logger, args.out / "learning_curve.png", title)
+        report_retention(logger, args.target_return)
+        plot_curve(logger, args.out / "learning_curve.png", title, target=args.target_return)
     finally:
         logger.finalize()
         if test_collector is not None:

@@ -157,7 +157,7 @@ def test_retention_counts_the_evaluations_after_the_first_at_the_target():
     curve = [(1, 100), (2, 460), (3, 500), (4, 300), (5, 360), (6, 450), (7, 20)]
     kept = evidence.retention(curve, target=450, cap=6.5)
     # after t=2: 500, 300, 360, 450 (t=7 is past the cap); the keep line is 0.8 x 450 = 360
-    assert kept == evidence.Retention(later=4, kept=3, worst=300.0)
+    assert (kept.later, kept.kept, kept.worst, kept.first, kept.line) == (4, 3, 300.0, 2, 360)
     naive = [v for t, v in curve if 2 < t <= 6.5]
     assert kept.kept == sum(v >= 360 for v in naive) and kept.worst == min(naive)
 

@@ -12,6 +12,7 @@ other measurement benchmarks run in ``make test``.
 from __future__ import annotations
 
 import json
+import re
 import shlex
 from pathlib import Path
 
@@ -46,7 +47,7 @@ SCRIPTS: dict[str, tuple[str, float]] = {
     "test_tianshou_gorila_example_trains_and_writes_checkpoint_and_curve": (
         (
             "examples/tianshou_gorila_cartpole.py --env-steps 1500 --epoch-steps 750 "
-            "--num-actors 1 --envs-per-actor 2 --out {out}"
+            "--num-actors 1 --envs-per-actor 2 --target-return 0 --out {out}"
         ),
         240,
     ),
@@ -278,7 +279,11 @@ def test_replay_bench_writes_json_and_table(out_dir):
 
 
 def test_tianshou_gorila_example_trains_and_writes_checkpoint_and_curve(output, out_dir):
+    """A target of 0, reached at the first test: the run goes on to its budget (no
+    ``--stop-at-target``) and says what it kept after its first test at the target."""
     assert "final greedy evaluation return (10 episodes):" in output
+    assert re.search(r"first reached 0 at [\d,]+ env steps; then (\d+) of \1 greedy", output)
+    assert re.search(r"after 1[5-9]\d\d env steps", output)  # the budget, not the target
     assert "policy lag" in output  # progress lines
     assert (out_dir / "checkpoint" / "algorithm.pt").stat().st_size > 0
     assert (out_dir / "checkpoint" / "replay" / "manifest.json").exists()
@@ -320,6 +325,7 @@ def test_tianshou_minatar_example_trains_resumes_and_watches(output, out_dir):
 
 def test_tianshou_vtrace_example_trains_and_writes_checkpoint_and_curve(output, out_dir):
     assert "final greedy evaluation return (10 episodes):" in output
+    assert "greedy tests: never reached 475 (best greedy evaluation " in output
     assert "policy lag" in output and "queue fill" in output  # progress lines
     assert list((out_dir / "tb").glob("events.out.tfevents.*"))
     assert (out_dir / "learning_curve.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

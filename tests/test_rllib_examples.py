@@ -65,14 +65,28 @@ def greedy_checks(results, metric: str, interval: int) -> list[tuple[int, float]
     return checks
 
 
+def test_a_run_stops_at_its_reward_only_when_asked(examples):
+    """The scripts train to their budget; ``--stop-at-target`` and ``--as-test`` add the
+    reward to Tune's stop criteria."""
+    from rllib_script import ENV_STEPS, EVAL_RETURN, stop_criteria
+
+    parser = examples("rllib_gorila_cartpole").parser
+    budget = {ENV_STEPS: 150_000, "training_iteration": 100_000}
+    assert stop_criteria(parser.parse_args([]), EVAL_RETURN) == budget
+    for flag in ("--stop-at-target", "--as-test"):
+        stop = stop_criteria(parser.parse_args([flag, "--stop-reward=200"]), EVAL_RETURN)
+        assert stop == budget | {EVAL_RETURN: 200.0}
+
+
 # CI runs seed 3: seeds 0-4 reached 150 at the 3rd, 2nd, 2nd, 2nd and 2nd evaluation (13.5k, 9.8k,
 # 9.8k, 9.3k and 9.8k env steps) in one make test-long (2026-12-05)
 @pytest.mark.parametrize("seed", learning_seeds(ci=3))
 def test_gorila_cartpole_example_reaches_its_greedy_reward_as_test(
-    ray_session, examples, tmp_path, seed, learning_curve
+    ray_session, examples, tmp_path, seed, learning_curve, capsys
 ):
     """GorilaDQN on CartPole: the greedy evaluation return reaches 150 within 50k env steps;
-    then ``--restore-from`` the trial's checkpoint goes on from its state."""
+    then ``--restore-from`` the trial's checkpoint goes on from its state, to its budget past a
+    reward it reaches at once, and prints what it kept."""
     from rllib_plugins.evaluation import greedy_return
 
     example = examples("rllib_gorila_cartpole")
@@ -101,12 +115,18 @@ def test_gorila_cartpole_example_reaches_its_greedy_reward_as_test(
     saved = results[0].metrics
     assert saved["gorila"]["replay_size"] > 0 and saved["gorila"]["env_steps_per_s"] > 0
 
-    # Restore and continue, as the script's --restore-from does: one more iteration, which
-    # starts from the checkpoint's counters, weights and replay.
-    argv = ["--stop-iters=1", "--num-env-runners=1", "--evaluation-interval=0"]
+    # Restore and continue, as the script's --restore-from does: two more iterations, which
+    # start from the checkpoint's counters, weights and replay; without --stop-at-target the
+    # run goes on past a reward its first evaluation reaches, and says what it kept.
+    capsys.readouterr()
+    argv = [f"--stop-iters={saved['training_iteration'] + 2}", "--num-env-runners=1"]
+    argv += ["--evaluation-interval=1", "--evaluation-duration=2", "--stop-reward=0"]
     argv.append(f"--restore-from={checkpoint}")
     (result,) = example.main([*argv, f"--out={tmp_path / 'continued'}"], keep_ray_up=True)
-    assert result.metrics["training_iteration"] == saved["training_iteration"] + 1
+    assert result.metrics["training_iteration"] == saved["training_iteration"] + 2
+    printed = capsys.readouterr().out
+    assert "trial 0: first reached 0 at " in printed
+    assert "then 1 of 1 greedy evaluations stayed at or above 0 (100%)" in printed
     lifetime = "num_env_steps_sampled_lifetime"
     assert result.metrics["env_runners"][lifetime] > saved["env_runners"][lifetime]
     assert result.metrics["gorila"]["replay_size"] >= saved["gorila"]["replay_size"]
