@@ -176,5 +176,5 @@ def collection_rate(
         "seconds": measured,
         "env_steps_per_s": sum(counts) / measured,
         "collects": len(counts),
-        "fewest_steps_per_collect": min(counts),
+        "fewest_steps_per_collect": min(counts, default=0),
     }

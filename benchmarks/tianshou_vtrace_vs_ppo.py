@@ -69,6 +69,7 @@ from tianshou_race import (
 )
 
 from tianshou_plugins import CentralInference, VTrace, VTraceCollector, mlp_actor_critic
+from tianshou_plugins.vector_envs import ENV_STEPPINGS
 
 #: VTrace's settings in the race. The learner: 4 passes in steps of 128 at lr 3e-4, tried
 #: against 1 x 512 at 1e-3 (the example's: medians 7 s / 27 s on CartPole / the 2 ms one),
@@ -381,7 +382,7 @@ def throughput_markdown(report: dict) -> list[str]:
         "",
         f"{report['when']}, {report['cpus']} CPUs, Ray with 2 CPUs; a VTraceCollector with no "
         f"learner, trajectories of 32 steps, {report['seconds']:.0f} s after "
-        f"{report['warmup_seconds']:.0f} s of warm-up. Each step sleeps 2 ms, so one env steps "
+        f"{report['warmup_seconds']:g} s of warm-up. Each step sleeps 2 ms, so one env steps "
         "at most 500 times a second: envs stepped one after another in an actor add nothing, "
         "envs stepped at once add their rate.",
         "",
@@ -411,7 +412,9 @@ def main(argv: list[str] | None = None) -> None:
         default=[(1, 16), (2, 8), (4, 4), (8, 2)],
         metavar="AxE",
     )
-    throughput.add_argument("--throughput-stepping", nargs="+", default=["sequential", "threads"])
+    throughput.add_argument(
+        "--throughput-stepping", nargs="+", choices=ENV_STEPPINGS, default=["sequential", "threads"]
+    )
     throughput.add_argument("--throughput-seconds", type=float, default=15.0)
     throughput.add_argument("--throughput-warmup-seconds", type=float, default=3.0)
     args = parser.parse_args(argv)

@@ -51,7 +51,12 @@ class Transitions(NamedTuple):
     obs: np.ndarray  # [N + 1, ...]: obs[i + 1] follows obs[i] unless done[i]
     actions: np.ndarray  # int64 [N]
     rewards: np.ndarray  # float32 [N]
-    dones: np.ndarray  # float32 [N]
+    dones: np.ndarray  # float32 [N]: terminated (no bootstrap)
+    next_obs: np.ndarray | None = None  # [N, ...] where obs[i + 1] is not always the next one
+
+    def following(self, rows: np.ndarray) -> np.ndarray:
+        """The observations that followed ``rows``."""
+        return self.obs[rows + 1] if self.next_obs is None else self.next_obs[rows]
 
 
 class Task(NamedTuple):
@@ -102,7 +107,7 @@ def nature_task(frames: int, eval_frames: int) -> Task:
     from rl_dist_ext.pixel_envs import make_atari
 
     play = random_play(make_atari("ALE/Pong-v5"), frames + eval_frames, seed=0)
-    train = Transitions(play.obs[: frames + 1], *(x[:frames] for x in play[1:]))
+    train = Transitions(play.obs[: frames + 1], *(x[:frames] for x in play[1:4]))
     eval_obs = torch.as_tensor(play.obs[frames + 1 :] / 255.0, dtype=torch.float32)
     torch.manual_seed(0)
     # lr 1e-4: Tianshou's Atari DQN example (the Nature DQN's RMSProp had 2.5e-4)
@@ -114,7 +119,7 @@ def mlp_task(eval_frames: int) -> Task:
 
     play = random_play(gym.make("CartPole-v1"), 20_000 + eval_frames, seed=0)
     n = 20_000
-    train = Transitions(play.obs[: n + 1], *(x[:n] for x in play[1:]))
+    train = Transitions(play.obs[: n + 1], *(x[:n] for x in play[1:4]))
     eval_obs = torch.as_tensor(play.obs[n + 1 :], dtype=torch.float32)
     torch.manual_seed(0)
     net = cartpole_mlp()
@@ -134,7 +139,8 @@ def cartpole_mlp() -> torch.nn.Module:
 
 def trained_cartpole_task(eval_frames: int, *, max_steps: int = 150_000) -> Task:
     """The CartPole MLP trained online by DQN (epsilon 1 -> 0.02 over 20k steps, an update of
-    32 rows every env step, a target sync every 500 updates, Adam 5e-4) until 5 greedy
+    32 rows every env step, a target sync every 500 updates, Adam 5e-4; a truncated step
+    bootstraps from the state it reached) until 5 greedy
     episodes average at least 475 (checked every 5k env steps, at most ``max_steps``). Its
     transitions are the task's training data (the updates recorded later go on from the
     trained weights on them, as the learner goes on on its replay), and its held-out
@@ -149,7 +155,7 @@ def trained_cartpole_task(eval_frames: int, *, max_steps: int = 150_000) -> Task
     rng = np.random.default_rng(0)
     env = gym.make("CartPole-v1")
     obs, _ = env.reset(seed=0)
-    stream, actions, rewards, dones = [obs], [], [], []
+    stream, following, actions, rewards, dones = [obs], [], [], [], []
     greedy = float("nan")
     for step in range(1, max_steps + 1):
         epsilon = max(0.02, 1.0 - step / 20_000)
@@ -161,13 +167,15 @@ def trained_cartpole_task(eval_frames: int, *, max_steps: int = 150_000) -> Task
         obs, reward, terminated, truncated, _ = env.step(action)
         actions.append(action)
         rewards.append(reward)
-        dones.append(float(terminated))  # a truncation still bootstraps
+        dones.append(float(terminated))  # a truncation bootstraps, from the state it reached
+        following.append(obs)
         if terminated or truncated:
             obs, _ = env.reset()
         stream.append(obs)
         if step >= 1_000:
             rows = rng.integers(len(actions), size=32)
-            dqn_update(net, target, optim, *_batch(stream, actions, rewards, dones, rows))
+            batch = _batch(stream, following, actions, rewards, dones, rows)
+            dqn_update(net, target, optim, *batch)
             if step % 500 == 0:
                 target.load_state_dict(net.state_dict())
         if step % 5_000 == 0:
@@ -187,6 +195,7 @@ def trained_cartpole_task(eval_frames: int, *, max_steps: int = 150_000) -> Task
         np.asarray(actions, np.int64),
         np.asarray(rewards, np.float32),
         np.asarray(dones, np.float32),
+        next_obs=np.stack(following),
     )
     info = {"greedy_return": greedy, "env_steps": step, "eval_states": len(visited)}
     return Task("cartpole_trained", net, train, torch.as_tensor(visited), lr=5e-4, info=info)
@@ -212,9 +221,9 @@ def greedy_episodes(net: torch.nn.Module, episodes: int, *, seed: int) -> list[n
     return runs
 
 
-def _batch(stream, actions, rewards, dones, rows):
+def _batch(stream, following, actions, rewards, dones, rows):
     obs = torch.as_tensor(np.asarray([stream[i] for i in rows]), dtype=torch.float32)
-    next_obs = torch.as_tensor(np.asarray([stream[i + 1] for i in rows]), dtype=torch.float32)
+    next_obs = torch.as_tensor(np.asarray([following[i] for i in rows]), dtype=torch.float32)
     return (
         obs,
         torch.as_tensor([actions[i] for i in rows]),
@@ -258,7 +267,7 @@ def train_snapshots(task: Task, *, warmup: int, updates: int, spacing: int) -> l
             torch.as_tensor(task.train.actions[rows]),
             torch.as_tensor(task.train.rewards[rows]),
             torch.as_tensor(task.train.dones[rows]),
-            torch.as_tensor(task.train.obs[rows + 1] / scale, dtype=torch.float32),
+            torch.as_tensor(task.train.following(rows) / scale, dtype=torch.float32),
         )
         if (update + 1) % 500 == 0:
             target.load_state_dict(net.state_dict())

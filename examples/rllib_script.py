@@ -159,7 +159,7 @@ def stop_criteria(args: argparse.Namespace, metric: str) -> dict[str, float]:
     iterations), and ``--stop-reward`` on ``metric`` only with ``--stop-at-target`` or
     ``--as-test``."""
     stop = {ENV_STEPS: args.stop_timesteps, "training_iteration": args.stop_iters}
-    if args.stop_at_target or args.as_test:
+    if args.stop_at_target or args.as_test or args.as_release_test:
         stop[metric] = args.stop_reward
     return stop
 

@@ -260,11 +260,18 @@ def test_collector_returns_trajectories_with_the_acting_logp_and_versions(vtrace
 def test_actors_that_step_their_envs_on_threads_or_processes_act_the_same(cluster, stepping):
     """An actor's first trajectory (seeded envs and sampling, the learner's first weights) is
     the same whether its envs step one after another, on threads or in spawned processes."""
+    import ray
+
     algo = make_algo()
     first = {}
+    built = {"sequential": "DummyVectorEnv", "threads": "ThreadedVectorEnv"}
+    built["processes"] = "SubprocVectorEnv"
     for mode in ("sequential", stepping):
         collector = make_collector(algo, num_actors=1, env_stepping=mode)
         try:
+            (actor,) = collector.env.pool.handles
+            kind = ray.get(actor.__ray_call__.remote(lambda a: type(a.envs).__name__))
+            assert kind == built[mode]  # the fleet's setting reached the actor
             stats = collector.collect(n_step=16)
             assert stats.num_trajectories == 1
             batch, _ = collector.buffer.sample(0)

@@ -114,3 +114,42 @@ def test_a_bad_env_stepping_is_refused_by_name(bad):
         check_env_stepping(bad)
     with pytest.raises(ValueError, match="env_stepping"):
         ActorFleet(env_stepping=bad)
+
+
+class FailingClose(gym.Wrapper):
+    def close(self):
+        raise RuntimeError("close failed")
+
+
+def test_closing_closes_every_env_even_where_one_close_raises():
+    closed = []
+
+    class Recording(gym.Wrapper):
+        def close(self):
+            closed.append(threading.get_ident())
+            super().close()
+
+    envs = ThreadedVectorEnv([lambda: FailingClose(cartpole()), lambda: Recording(cartpole())])
+    assert envs.get_env_attr("spec")[0].id == "CartPole-v1"  # read on the env's own thread
+    workers = list(envs.workers)
+    with pytest.raises(RuntimeError, match="close failed"):
+        envs.close()
+    assert len(closed) == 1 and closed[0] != threading.get_ident()
+    assert all(w._thread._shutdown for w in workers)
+
+
+def test_an_env_that_fails_to_build_leaves_no_thread_or_env_behind():
+    before = threading.active_count()
+    closed = []
+
+    class Recording(gym.Wrapper):
+        def close(self):
+            closed.append(True)
+            super().close()
+
+    def broken() -> gym.Env:
+        raise OSError("no simulator licence")
+
+    with pytest.raises(OSError, match="no simulator licence"):
+        ThreadedVectorEnv([lambda: Recording(cartpole()), broken])
+    assert closed == [True] and threading.active_count() == before

@@ -32,8 +32,21 @@ class ThreadEnvWorker(DummyEnvWorker):
     def __init__(self, env_fn: Callable[[], gym.Env]) -> None:
         self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="env")
         self._pending: Future | None = None
-        self.env = self._thread.submit(env_fn).result()
-        EnvWorker.__init__(self, env_fn)
+        try:
+            self.env = self._on_thread(env_fn)
+            EnvWorker.__init__(self, env_fn)
+        except BaseException:
+            self._thread.shutdown(wait=True)
+            raise
+
+    def _on_thread(self, fn: Callable, *args: Any, **kwargs: Any) -> Any:
+        return self._thread.submit(fn, *args, **kwargs).result()
+
+    def get_env_attr(self, key: str) -> Any:
+        return self._on_thread(super().get_env_attr, key)
+
+    def set_env_attr(self, key: str, value: Any) -> None:
+        self._on_thread(super().set_env_attr, key, value)
 
     def send(self, action: Any, **kwargs: Any) -> None:
         self._pending = self._thread.submit(super().send, action, **kwargs)
@@ -45,24 +58,51 @@ class ThreadEnvWorker(DummyEnvWorker):
         return self.result
 
     def reset(self, **kwargs: Any) -> Any:
-        return self._thread.submit(super().reset, **kwargs).result()
+        return self._on_thread(super().reset, **kwargs)
 
     def seed(self, seed: int | None = None) -> list[int] | None:
-        return self._thread.submit(super().seed, seed).result()
+        return self._on_thread(super().seed, seed)
+
+    def render(self, **kwargs: Any) -> Any:
+        return self._on_thread(super().render, **kwargs)
 
     def close_env(self) -> None:
         try:
-            self._thread.submit(self.env.close).result()
+            self._on_thread(self.env.close)
         finally:
             self._thread.shutdown(wait=True)
 
 
 class ThreadedVectorEnv(BaseVectorEnv):
     """Tianshou's vector env over :class:`ThreadEnvWorker` s: every env steps on its own
-    thread, all of them at once."""
+    thread, all of them at once (synchronously: Tianshou's ``wait_num`` and ``timeout`` are
+    not offered). Closing closes every env, even where one's ``close`` raises; an env that
+    fails to build closes those built before it."""
 
-    def __init__(self, env_fns: list[Callable[[], gym.Env]], **kwargs: Any) -> None:
-        super().__init__(env_fns, ThreadEnvWorker, **kwargs)
+    def __init__(self, env_fns: list[Callable[[], gym.Env]]) -> None:
+        built: list[ThreadEnvWorker] = []
+
+        def worker(env_fn: Callable[[], gym.Env]) -> ThreadEnvWorker:
+            built.append(ThreadEnvWorker(env_fn))
+            return built[-1]
+
+        try:
+            super().__init__(env_fns, worker)
+        except BaseException:
+            for made in built:
+                made.close()
+            raise
+
+    def close(self) -> None:
+        errors = []
+        for worker in self.workers:
+            try:
+                worker.close()
+            except Exception as error:  # close the others first, then raise the first
+                errors.append(error)
+        self.is_closed = True
+        if errors:
+            raise errors[0]
 
 
 def check_env_stepping(value: object) -> str:
