@@ -27,6 +27,7 @@ REPORTS = harness.RESULTS / "races"
 #: the order of the races in the tables (the headline ones first); others follow by name
 ORDER = (
     "rllib_gorila_vs_dqn",
+    "rllib_gorila_vs_dqn_lean",
     "rllib_gorila_vs_dqn_acrobot",
     "rllib_vtrace_vs_appo",
     "tianshou_gorila_vs_dqn",
