@@ -32,6 +32,7 @@ ORDER = (
     "rllib_vtrace_vs_appo",
     "tianshou_gorila_vs_dqn",
     "tianshou_vtrace_vs_ppo",
+    "tianshou_vtrace_vs_ppo_slow",
     "tictactoe_rllib",
     "tictactoe_tianshou",
     "minatar_breakout",
