@@ -27,10 +27,12 @@ REPORTS = harness.RESULTS / "races"
 #: the order of the races in the tables (the headline ones first); others follow by name
 ORDER = (
     "rllib_gorila_vs_dqn",
+    "rllib_gorila_vs_dqn_lean",
     "rllib_gorila_vs_dqn_acrobot",
     "rllib_vtrace_vs_appo",
     "tianshou_gorila_vs_dqn",
     "tianshou_vtrace_vs_ppo",
+    "tianshou_vtrace_vs_ppo_slow",
     "tictactoe_rllib",
     "tictactoe_tianshou",
     "minatar_breakout",

@@ -10,6 +10,12 @@ priorities] with the same pre-drawn |TD error| arrays. Each buffer is filled thr
   a one-env collector does);
 - RLlib ``PrioritizedEpisodeReplayBuffer.add``: 100-step ``SingleAgentEpisode`` objects.
 
+Then where one rl-dist-ext cycle's time goes (:func:`profile_cycle`): each stage of
+``sample`` and ``update_priorities`` timed alone on the filled replay (the sum tree's
+stratified descent, the key and row gathers, the importance weights, the priority check and
+exponent, the tree's leaf update), the rest of the two calls being their Python: argument
+checks, allocations, the result tuples.
+
 Writes ``benchmarks/results/replay_bench.{json,md}``. Usage::
 
     .venv/bin/python benchmarks/replay_bench.py [--size 100000] [--cycles 1000]
@@ -67,6 +73,75 @@ def bench_rl_dist_ext(data, td, cycles, chunk):
         replay.update_priorities(sample.keys, td[i % len(td)])
 
     return insert_rate, time_cycles(cycles, step), len(replay)
+
+
+def best_mean_us(call: Callable[[int], object], calls: int, rounds: int = 5) -> float:
+    """The fastest of ``rounds`` rounds of ``calls`` calls of ``call(i)``: microseconds a call."""
+    call(0)
+    best = float("inf")
+    for _ in range(rounds):
+        start = time.perf_counter()
+        for i in range(calls):
+            call(i)
+        best = min(best, (time.perf_counter() - start) / calls)
+    return best * 1e6
+
+
+def profile_cycle(data, td, calls: int, chunk: int) -> dict[str, float]:
+    """Microseconds a call of each stage of one sample + update cycle of ``PrioritizedReplay``
+    (filled with ``data``), the two calls whole, and the Python around the stages (the whole
+    calls less their stages). Reaches into the replay's private parts: a benchmark's probe."""
+    from rl_dist_ext.replay import PrioritizedReplay
+    from rl_dist_ext.replay.prioritized import _live_updates
+
+    size = len(data["obs"])
+    replay = PrioritizedReplay(size, alpha=0.6, seed=0)
+    for lo in range(0, size, chunk):
+        replay.add({k: v[lo : lo + chunk] for k, v in data.items()})
+    tree, storage, rng = replay._tree, replay._storage, replay._rng
+    uniforms = rng.random(BATCH)
+    slots, priorities = tree.sample_stratified(uniforms)
+    keys = storage.insert_ids[slots]
+    out_slots = np.empty(BATCH, dtype=np.int64)
+    out_values = np.empty(BATCH, dtype=np.float64)
+
+    def live_updates(i: int) -> None:
+        _live_updates(
+            keys,
+            td[i % len(td)],
+            storage.insert_ids,
+            storage.next_id,
+            0.6,
+            replay._eps,
+            out_slots,
+            out_values,
+        )
+
+    sample_stages = {
+        "uniforms (numpy Generator)": lambda i: rng.random(BATCH),
+        "sum-tree descent (stratified)": lambda i: tree.sample_stratified(uniforms),
+        "keys gather": lambda i: storage.insert_ids[slots],
+        "rows gather (5 columns)": lambda i: storage.gather(slots),
+        "importance weights": lambda i: np.power(
+            priorities * (1.0 / tree.min), -0.4, dtype=np.float32
+        ),
+    }
+    update_stages = {
+        "priority check, staleness, exponent": live_updates,
+        "sum-tree leaf update": lambda i: tree.update(out_slots, out_values, validate=False),
+    }
+    stages = {name: best_mean_us(call, calls) for name, call in sample_stages.items()}
+    stages |= {name: best_mean_us(call, calls) for name, call in update_stages.items()}
+    sampled = replay.sample(BATCH, beta=0.4)
+    whole = {
+        "sample()": best_mean_us(lambda i: replay.sample(BATCH, beta=0.4), calls),
+        "update_priorities()": best_mean_us(
+            lambda i: replay.update_priorities(sampled.keys, td[i % len(td)]), calls
+        ),
+    }
+    python = whole["sample()"] - sum(stages[name] for name in sample_stages)
+    python += whole["update_priorities()"] - sum(stages[name] for name in update_stages)
+    return {**stages, "Python around the stages": python, **whole}
 
 
 def bench_tianshou(data, td, cycles):
@@ -139,6 +214,7 @@ def main() -> None:
     parser.add_argument("--cycles", type=int, default=1000)
     parser.add_argument("--insert-chunk", type=int, default=1000)
     parser.add_argument("--skip-rllib", action="store_true")
+    parser.add_argument("--profile-calls", type=int, default=2000, help="calls per round")
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args()
 
@@ -163,6 +239,9 @@ def main() -> None:
         }
         print(f"{name:40s} insert {insert_rate:12,.0f} /s   cycles {cycle_rate:10,.1f} /s")
 
+    profile = profile_cycle(data, td, args.profile_calls, args.insert_chunk)
+    for stage, us in profile.items():
+        print(f"  {stage:40s} {us:8.2f} us")
     ours = rows["rl-dist-ext PrioritizedReplay"]
     for row in rows.values():
         row["cycles_ratio_ours_over_this"] = (
@@ -184,6 +263,7 @@ def main() -> None:
             "beta": 0.4,
         },
         "results": rows,
+        "profile_us": profile,
         "targets": {"cycles_vs_tianshou": 5.0, "cycles_vs_rllib": 100.0},
     }
     args.out.mkdir(parents=True, exist_ok=True)
@@ -211,6 +291,21 @@ def main() -> None:
         "Targets: >= 5x Tianshou's cycles/s and >= 100x RLlib's. Insert paths differ by API: "
         f"rl-dist-ext adds columnar chunks of {args.insert_chunk}, Tianshou one transition per "
         f"call, RLlib {EPISODE_LEN}-step episodes in lists of 10.",
+    ]
+    tianshou_us = 1e6 / rows["tianshou PrioritizedReplayBuffer"]["sample_update_cycles_per_s"]
+    trees = profile["sum-tree descent (stratified)"] + profile["sum-tree leaf update"]
+    lines += [
+        "",
+        f"Where an rl-dist-ext cycle's time goes: each stage timed alone ({args.profile_calls} "
+        "calls, the fastest of 5 rounds), microseconds a call:",
+        "",
+        "| stage | us |",
+        "|---|---:|",
+        *(f"| {stage} | {us:.2f} |" for stage, us in profile.items()),
+        "",
+        f"A Tianshou cycle took {tianshou_us:.1f} us; 5x that is {tianshou_us / 5:.1f} us. "
+        f"The two sum-tree walks alone take {trees:.1f} us: "
+        f"{tianshou_us / trees:.1f}x Tianshou's cycle is the most this tree design allows.",
     ]
     (args.out / "replay_bench.md").write_text("\n".join(lines) + "\n")
     print(f"wrote {args.out / 'replay_bench.json'} and replay_bench.md")

@@ -6,6 +6,8 @@ Races (``--race``):
 - ``cartpole``: a greedy return of 450 on CartPole-v1 and on SlowCartPole-v1 (CartPole-v1 with
   2 ms of latency per step, a stand-in for a slow simulator; evaluated on plain CartPole-v1).
 - ``acrobot``: a greedy return of -100 on Acrobot-v1.
+- ``lean``: CartPole-v1 again, both arms, GorilaDQN on the learner's lean gradient step
+  (``rllib_plugins/lean_gradients.py``, which came after the ``cartpole`` race's runs).
 - ``layouts``: how each arm's layout was chosen: GorilaDQN's env runners x envs per runner and
   where RLlib's DQN samples, all on CartPole-v1 (ratios against DQN sampling in the driver).
 
@@ -154,8 +156,8 @@ def rllib_arm(
 def make_race(
     kind: str = "cartpole", *, cap_s: float = 600.0, eval_every_s: float = 5.0, envs=None
 ) -> Race:
-    """The ``kind`` race (``cartpole``, ``acrobot`` or ``layouts``), ``cap_s`` training seconds
-    a run at most, a greedy screen every ``eval_every_s`` training seconds."""
+    """The ``kind`` race (``cartpole``, ``acrobot``, ``lean`` or ``layouts``), ``cap_s``
+    training seconds a run at most, a greedy screen every ``eval_every_s`` training seconds."""
     if kind not in RACES:
         raise ValueError(f"race {kind!r}: choose one of {sorted(RACES)}")
     return RACES[kind](cap_s, eval_every_s, envs)
@@ -229,6 +231,16 @@ RACES = {
         "RLlib GorilaDQN vs RLlib DQN: training seconds to a greedy -100 on Acrobot-v1",
         ("Acrobot-v1",),
         ACROBOT_TARGET,
+    ),
+    # the CartPole-v1 race again, both arms side by side, GorilaDQN on the learner's lean step
+    # (rllib_plugins/lean_gradients.py; the ``cartpole`` race's runs predate it)
+    "lean": partial(
+        _head_to_head,
+        "rllib_gorila_vs_dqn_lean",
+        "RLlib GorilaDQN (lean learner step) vs RLlib DQN: training seconds to a greedy 450 on "
+        "CartPole-v1",
+        ("CartPole-v1",),
+        TARGET,
     ),
     "layouts": _layouts,
 }

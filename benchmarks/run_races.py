@@ -54,6 +54,8 @@ QUEUE = (
     Queued("multi_agent_tictactoe.py", "rllib"),
     Queued("multi_agent_tictactoe.py", "tianshou"),
     Queued("minatar_race.py", "breakout"),
+    Queued("rllib_gorila_vs_dqn.py", "lean"),
+    Queued("tianshou_vtrace_vs_ppo.py", "slow"),
     Queued("rllib_gorila_vs_dqn.py", "layouts"),
     Queued("rllib_vtrace_vs_appo.py", "layouts"),
     Queued("tianshou_vtrace_vs_ppo.py", "layouts"),

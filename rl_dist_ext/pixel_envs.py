@@ -19,6 +19,8 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
+from rl_dist_ext.validation import check_choice
+
 
 class ClipRewardToSign(gym.RewardWrapper):
     """Rewards become -1, 0 or +1 (training only; evaluation reports the game's score)."""
@@ -132,8 +134,7 @@ def make_minatar(
         "seaquest": "Seaquest",
         "space_invaders": "SpaceInvaders",
     }
-    if game not in names:
-        raise ValueError(f"game must be one of {sorted(names)}, got {game!r}")
+    check_choice("game", game, sorted(names))
     env_id = f"MinAtar/{names[game]}-v1"
     if env_id not in gym.registry:
         minatar.gym.register_envs()

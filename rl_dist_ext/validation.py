@@ -30,6 +30,15 @@ def check_int(name: str, value: Any, low: int) -> int:
     return int(value)
 
 
+def check_choice(name: str, value: Any, allowed: Iterable[str]) -> str:
+    """Return ``value``; raise ``ValueError`` naming ``name`` unless it is one of the strings
+    ``allowed`` (listed in the message)."""
+    allowed = list(allowed)
+    if not isinstance(value, str) or value not in allowed:
+        raise ValueError(f"{name} must be one of {allowed}, got {value!r}")
+    return value
+
+
 def check_real(
     name: str, value: Any, *, low: float, high: float | None = None, strict: bool = False
 ) -> float:

@@ -26,7 +26,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from rl_dist_ext.validation import is_torch_tensor
+from rl_dist_ext.validation import check_choice, is_torch_tensor
 
 ENCODINGS = ("fp32", "fp16", "int8", "delta")
 
@@ -45,9 +45,7 @@ class EncodedWeights(NamedTuple):
 
 
 def check_encoding(encoding: Any) -> str:
-    if encoding not in ENCODINGS:
-        raise ValueError(f"weights_encoding must be one of {list(ENCODINGS)}, got {encoding!r}")
-    return encoding
+    return check_choice("weights_encoding", encoding, ENCODINGS)
 
 
 def encode_weights(weights: Any, encoding: str) -> Any:

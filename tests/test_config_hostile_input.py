@@ -123,3 +123,13 @@ def test_the_environment_can_only_lengthen_the_wait_for_actors_to_start(monkeypa
         monkeypatch.setenv(START_TIMEOUT_ENV, bad)
         with pytest.raises(ValueError, match=rf"RL_DIST_EXT_START_TIMEOUT_S='{bad}': give a"):
             start_timeout_s(120.0)
+
+
+@pytest.mark.fast
+@pytest.mark.parametrize("value", ["Huber", "", None, 1, ["huber"], {"huber": 1}, b"huber"])
+def test_a_choice_outside_the_allowed_strings_is_refused_by_name(value):
+    from rl_dist_ext.validation import check_choice
+
+    with pytest.raises(ValueError, match=r"loss_type must be one of \['huber', 'mse'\], got "):
+        check_choice("loss_type", value, ("huber", "mse"))
+    assert check_choice("loss_type", "mse", ("huber", "mse")) == "mse"

@@ -349,7 +349,7 @@ def test_tianshou_vtrace_vs_ppo_bench_writes_json_and_table(out_dir):
         assert run["env_steps"] > 0 and run["curve"], run
         assert all(point[0] <= run["trained_seconds"] + 1e-6 for point in run["curve"])
     assert runs["A2C"][0]["layout"] == "8 DummyVectorEnv envs"
-    assert runs["VTrace SEED"][0]["layout"] == "2 actors x 8 envs"
+    assert runs["VTrace SEED"][0]["layout"] == "2 actors x 8 envs, sequential"
     summary = report["summary"]["CartPole-v1"]
     assert set(summary) == {"VTrace SEED", "A2C"}
     assert not any("ratio_to_baseline" in arm for arm in summary.values())

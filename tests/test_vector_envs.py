@@ -110,7 +110,7 @@ def test_make_vector_env_builds_what_it_is_asked_for(stepping):
 
 @pytest.mark.parametrize("bad", ["thread", "", None, 2, ["threads"]])
 def test_a_bad_env_stepping_is_refused_by_name(bad):
-    with pytest.raises(ValueError, match=r"env_stepping must be one of \('sequential', "):
+    with pytest.raises(ValueError, match=r"env_stepping must be one of \['sequential', "):
         check_env_stepping(bad)
     with pytest.raises(ValueError, match="env_stepping"):
         ActorFleet(env_stepping=bad)

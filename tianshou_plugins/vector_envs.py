@@ -20,6 +20,8 @@ import gymnasium as gym
 from tianshou.env import BaseVectorEnv, DummyVectorEnv, SubprocVectorEnv
 from tianshou.env.worker import DummyEnvWorker, EnvWorker
 
+from rl_dist_ext.validation import check_choice
+
 #: the ways an actor steps its envs (``ActorFleet.env_stepping``)
 ENV_STEPPINGS = ("sequential", "threads", "processes")
 
@@ -108,9 +110,7 @@ class ThreadedVectorEnv(BaseVectorEnv):
 def check_env_stepping(value: object) -> str:
     """``value`` if it names one of :data:`ENV_STEPPINGS`, else a ``ValueError`` naming
     ``env_stepping``."""
-    if not isinstance(value, str) or value not in ENV_STEPPINGS:
-        raise ValueError(f"env_stepping must be one of {ENV_STEPPINGS}, got {value!r}")
-    return value
+    return check_choice("env_stepping", value, ENV_STEPPINGS)
 
 
 def make_vector_env(env_factory: Callable[[], gym.Env], num_envs: int, stepping: str):

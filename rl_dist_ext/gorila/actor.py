@@ -34,7 +34,7 @@ from rl_dist_ext.gorila.transitions import (
     nstep_batch_with_priorities,
 )
 from rl_dist_ext.params import HoldsPulledWeights, WeightsPuller, WeightsSource
-from rl_dist_ext.validation import check_int
+from rl_dist_ext.validation import check_choice, check_int
 
 
 class ReplayWriter(Protocol):
@@ -115,10 +115,7 @@ class ActorStep(HoldsPulledWeights):
     ) -> None:
         if (replay is None) == (replays is None):
             raise ValueError("ActorStep needs exactly one of replay= and replays=")
-        if count_steps_by not in COUNT_STEPS_BY:
-            raise ValueError(
-                f"count_steps_by must be one of {COUNT_STEPS_BY}, got {count_steps_by!r}"
-            )
+        check_choice("count_steps_by", count_steps_by, COUNT_STEPS_BY)
         self._replay = replay
         self._replays = dict(replays or {})
         self._count_env_steps = count_steps_by == "env_steps"

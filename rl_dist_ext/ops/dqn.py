@@ -25,6 +25,8 @@ from typing import Literal, NamedTuple
 import torch
 import torch.nn.functional as F
 
+from rl_dist_ext.validation import check_choice
+
 LOSS_TYPES = ("huber", "mse")
 
 
@@ -159,8 +161,7 @@ def double_dqn_loss(
     Returns:
         :class:`DQNLoss` whose ``loss`` is ``mean_i(w_i * l(td_i))``.
     """
-    if loss_type not in LOSS_TYPES:
-        raise ValueError(f"loss_type must be one of {LOSS_TYPES}, got {loss_type!r}")
+    check_choice("loss_type", loss_type, LOSS_TYPES)
     if not huber_delta > 0:
         raise ValueError(f"huber_delta must be > 0, got {huber_delta!r}")
     q = double_dqn_td_error(

@@ -24,6 +24,8 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from rl_dist_ext.validation import check_choice
+
 #: the replay column that holds the compressed blobs (user columns may not use this name)
 BLOB_COLUMN = "_compressed"
 
@@ -79,10 +81,7 @@ class ObsCompression:
             )
         if BLOB_COLUMN in self.columns:
             raise ValueError(f"ObsCompression.columns may not include {BLOB_COLUMN!r}")
-        if not isinstance(self.codec, str) or self.codec not in _CODEC_PACKAGES:
-            raise ValueError(
-                f"ObsCompression.codec must be one of {sorted(_CODEC_PACKAGES)}, got {self.codec!r}"
-            )
+        check_choice("ObsCompression.codec", self.codec, sorted(_CODEC_PACKAGES))
         if self.level is not None and (
             isinstance(self.level, bool) or not isinstance(self.level, int)
         ):

@@ -12,7 +12,7 @@ from rl_dist_ext.replay import snapshot
 from rl_dist_ext.replay.compression import ObsCompression
 from rl_dist_ext.replay.rate_limiter import RateLimit
 from rl_dist_ext.replay.shard import ShardSpec
-from rl_dist_ext.validation import check_int, check_real
+from rl_dist_ext.validation import check_choice, check_int, check_real
 
 
 class ReplayTimeout(TimeoutError):
@@ -160,10 +160,7 @@ class DistributedReplayConfig:
         if self.seed is not None:
             check_int("seed", self.seed, 0)
         self.rate_limit()  # validates samples_per_insert / error_buffer
-        if self.shard_placement not in SHARD_PLACEMENTS:
-            raise ValueError(
-                f"shard_placement must be one of {SHARD_PLACEMENTS}, got {self.shard_placement!r}"
-            )
+        check_choice("shard_placement", self.shard_placement, SHARD_PLACEMENTS)
         if self.shard_placement != "DEFAULT" and self.placement_group is not None:
             raise ValueError(
                 "shard_placement applies outside a placement group only; with placement_group "
