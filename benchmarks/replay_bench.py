@@ -34,6 +34,16 @@ import numpy as np
 
 RESULTS = Path(__file__).parent / "results"
 BATCH = 256
+#: the stages :func:`profile_cycle` times alone
+STAGES = (
+    "uniforms (numpy Generator)",
+    "sum-tree descent (stratified)",
+    "keys gather",
+    "rows gather (5 columns)",
+    "importance weights",
+    "priority check, staleness, exponent",
+    "sum-tree leaf update",
+)
 EPISODE_LEN = 100
 
 
@@ -89,8 +99,11 @@ def best_mean_us(call: Callable[[int], object], calls: int, rounds: int = 5) -> 
 
 def profile_cycle(data, td, calls: int, chunk: int) -> dict[str, float]:
     """Microseconds a call of each stage of one sample + update cycle of ``PrioritizedReplay``
-    (filled with ``data``), the two calls whole, and the Python around the stages (the whole
-    calls less their stages). Reaches into the replay's private parts: a benchmark's probe."""
+    (filled with ``data``; less the cost of the timing loop's own call), the two calls whole,
+    and the Python around the stages (the whole calls less their stages). The update stages
+    take other draws' keys, so they find less of the tree in cache than a cycle's update,
+    which follows its own sample. Reaches into the replay's private parts: a benchmark's
+    probe."""
     from rl_dist_ext.replay import PrioritizedReplay
     from rl_dist_ext.replay.prioritized import _live_updates
 
@@ -99,45 +112,55 @@ def profile_cycle(data, td, calls: int, chunk: int) -> dict[str, float]:
     for lo in range(0, size, chunk):
         replay.add({k: v[lo : lo + chunk] for k, v in data.items()})
     tree, storage, rng = replay._tree, replay._storage, replay._rng
-    uniforms = rng.random(BATCH)
-    slots, priorities = tree.sample_stratified(uniforms)
-    keys = storage.insert_ids[slots]
-    out_slots = np.empty(BATCH, dtype=np.int64)
-    out_values = np.empty(BATCH, dtype=np.float64)
+    # every call of a stage takes another draw's inputs, as the cycles do: the same inputs
+    # again would find the tree's nodes and the rows in cache
+    uniforms = [rng.random(BATCH) for _ in range(calls)]
+    draws = [tree.sample_stratified(u) for u in uniforms]
+    keys = [storage.insert_ids[slots] for slots, _ in draws]
+    updates = [(np.empty(BATCH, dtype=np.int64), np.empty(BATCH)) for _ in range(calls)]
 
-    def live_updates(i: int) -> None:
-        _live_updates(
-            keys,
+    def live_updates(i: int) -> tuple[int, float, int]:
+        i %= calls
+        return _live_updates(
+            keys[i],
             td[i % len(td)],
             storage.insert_ids,
             storage.next_id,
             0.6,
             replay._eps,
-            out_slots,
-            out_values,
+            *updates[i],
         )
 
+    for i in range(calls):  # every key live: the leaf update's inputs are all written
+        live, _, bad = live_updates(i)
+        assert bad == -1 and live == BATCH, (live, bad)
     sample_stages = {
         "uniforms (numpy Generator)": lambda i: rng.random(BATCH),
-        "sum-tree descent (stratified)": lambda i: tree.sample_stratified(uniforms),
-        "keys gather": lambda i: storage.insert_ids[slots],
-        "rows gather (5 columns)": lambda i: storage.gather(slots),
+        "sum-tree descent (stratified)": lambda i: tree.sample_stratified(uniforms[i % calls]),
+        "keys gather": lambda i: storage.insert_ids[draws[i % calls][0]],
+        "rows gather (5 columns)": lambda i: storage.gather(draws[i % calls][0]),
         "importance weights": lambda i: np.power(
-            priorities * (1.0 / tree.min), -0.4, dtype=np.float32
+            draws[i % calls][1] * (1.0 / tree.min), -0.4, dtype=np.float32
         ),
     }
     update_stages = {
         "priority check, staleness, exponent": live_updates,
-        "sum-tree leaf update": lambda i: tree.update(out_slots, out_values, validate=False),
+        "sum-tree leaf update": lambda i: tree.update(*updates[i % calls], validate=False),
     }
-    stages = {name: best_mean_us(call, calls) for name, call in sample_stages.items()}
-    stages |= {name: best_mean_us(call, calls) for name, call in update_stages.items()}
-    sampled = replay.sample(BATCH, beta=0.4)
+    assert set(sample_stages) | set(update_stages) == set(STAGES)
+    # a stage's (and a whole call's) own time: less the benchmark's call and indexing
+    empty = best_mean_us(lambda i: uniforms[i % calls], calls)
+    stages = {
+        name: best_mean_us(call, calls) - empty
+        for name, call in (sample_stages | update_stages).items()
+    }
+    sampled = [replay.sample(BATCH, beta=0.4).keys for _ in range(calls)]
     whole = {
-        "sample()": best_mean_us(lambda i: replay.sample(BATCH, beta=0.4), calls),
+        "sample()": best_mean_us(lambda i: replay.sample(BATCH, beta=0.4), calls) - empty,
         "update_priorities()": best_mean_us(
-            lambda i: replay.update_priorities(sampled.keys, td[i % len(td)]), calls
-        ),
+            lambda i: replay.update_priorities(sampled[i % calls], td[i % len(td)]), calls
+        )
+        - empty,
     }
     python = whole["sample()"] - sum(stages[name] for name in sample_stages)
     python += whole["update_priorities()"] - sum(stages[name] for name in update_stages)
@@ -294,18 +317,22 @@ def main() -> None:
     ]
     tianshou_us = 1e6 / rows["tianshou PrioritizedReplayBuffer"]["sample_update_cycles_per_s"]
     trees = profile["sum-tree descent (stratified)"] + profile["sum-tree leaf update"]
+    stages = sum(us for stage, us in profile.items() if stage in STAGES)
+    ours_us = 1e6 / ours["sample_update_cycles_per_s"]
     lines += [
         "",
         f"Where an rl-dist-ext cycle's time goes: each stage timed alone ({args.profile_calls} "
-        "calls, the fastest of 5 rounds), microseconds a call:",
+        "calls, each on another draw's inputs, the fastest of 5 rounds), microseconds a call:",
         "",
         "| stage | us |",
         "|---|---:|",
         *(f"| {stage} | {us:.2f} |" for stage, us in profile.items()),
         "",
-        f"A Tianshou cycle took {tianshou_us:.1f} us; 5x that is {tianshou_us / 5:.1f} us. "
-        f"The two sum-tree walks alone take {trees:.1f} us: "
-        f"{tianshou_us / trees:.1f}x Tianshou's cycle is the most this tree design allows.",
+        f"A cycle took {ours_us:.1f} us here and {tianshou_us:.1f} us in Tianshou; 5x "
+        f"Tianshou's is {tianshou_us / 5:.1f} us a cycle. The stages alone, with no Python "
+        f"around them, take {stages:.1f} us (Tianshou's cycle is {tianshou_us / stages:.1f}x "
+        f"that), the two sum-tree walks {trees:.1f} us of it ({tianshou_us / trees:.1f}x); the "
+        "update stages ran on other draws' keys, colder in cache than a cycle's update.",
     ]
     (args.out / "replay_bench.md").write_text("\n".join(lines) + "\n")
     print(f"wrote {args.out / 'replay_bench.json'} and replay_bench.md")

@@ -48,10 +48,11 @@ IMPALA_TUNED = {
 }
 #: env runners x envs per runner the layouts race compares
 LAYOUTS = ((4, 4), (2, 8), (1, 16))
-#: each algorithm's layout in the head-to-head race: the fastest median of the three in the
-#: 3-seed layout runs here (VTrace central 40 s in 4 x 4 against 65 s in 1 x 16; VTrace local
-#: 45 s in both; APPO 35 s in 1 x 16 against 136 s in 2 x 8 and 201 s in 4 x 4; IMPALA 25 s
-#: in 2 x 8 against 30 s in 1 x 16 and 50 s in 4 x 4); ``--race layouts`` runs them again
+#: each algorithm's layout in the head-to-head race: the fastest median in the 3-seed layout
+#: runs here (VTrace, run in 4 x 4 and 1 x 16: central 40 s in the second 4 x 4 run, 86 s in
+#: the first, against 65 s in 1 x 16; local 45 s in both. APPO and IMPALA, also in 2 x 8: APPO
+#: 35 s in 1 x 16 against 136 s in 2 x 8 and 201 s in 4 x 4; IMPALA 25 s in 2 x 8 against 30 s
+#: and 35 s in two 1 x 16 runs and 50 s in 4 x 4); ``--race layouts`` runs them again
 LAYOUT = {
     "VTrace central": (4, 4),
     "VTrace local": (4, 4),

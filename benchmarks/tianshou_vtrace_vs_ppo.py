@@ -264,7 +264,7 @@ def baseline_arm(
 def make_race(
     kind: str = "cartpole", *, epoch_steps: int = 5_000, cap_s: float = 300.0, envs=None
 ) -> Race:
-    """The ``kind`` race (``cartpole`` or ``layouts``), tested every ``epoch_steps`` env
+    """The ``kind`` race (``cartpole``, ``slow`` or ``layouts``), tested every ``epoch_steps`` env
     steps, ``cap_s`` training seconds a run at most."""
     notes = (
         f"Greedy tests of 10 episodes on plain CartPole-v1 every {epoch_steps:,} env steps (not "

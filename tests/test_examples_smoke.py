@@ -41,7 +41,10 @@ SCRIPTS: dict[str, tuple[str, float]] = {
         240,
     ),
     "test_replay_bench_writes_json_and_table": (
-        ("benchmarks/replay_bench.py --size 3000 --cycles 20 --insert-chunk 500 --out {out}"),
+        (
+            "benchmarks/replay_bench.py --size 3000 --cycles 20 --insert-chunk 500 "
+            "--profile-calls 50 --out {out}"
+        ),
         240,
     ),
     "test_tianshou_gorila_example_trains_and_writes_checkpoint_and_curve": (
@@ -275,7 +278,14 @@ def test_replay_bench_writes_json_and_table(out_dir):
     for row in rows.values():
         assert row["stored"] == 3000
         assert row["sample_update_cycles_per_s"] > 0
-    assert "| rl-dist-ext PrioritizedReplay |" in (out_dir / "replay_bench.md").read_text()
+    table = (out_dir / "replay_bench.md").read_text()
+    assert "| rl-dist-ext PrioritizedReplay |" in table
+    # the cycle's profile: the stages timed alone, the two calls whole, the Python around them
+    profile = result["profile_us"]
+    stages = [stage for stage in profile if stage != "Python around the stages"]
+    assert {"sum-tree descent (stratified)", "sum-tree leaf update", "sample()"} <= set(stages)
+    assert len(stages) == 9 and all(profile[stage] > 0 for stage in stages)
+    assert "| sum-tree descent (stratified) |" in table
 
 
 def test_tianshou_gorila_example_trains_and_writes_checkpoint_and_curve(output, out_dir):
