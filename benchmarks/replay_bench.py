@@ -59,11 +59,8 @@ def make_data(size: int, seed: int) -> dict[str, np.ndarray]:
 
 
 def time_cycles(cycles: int, step: Callable[[int], None]) -> float:
-    step(0)  # warm-up (JIT, caches); not counted
-    start = time.perf_counter()
-    for i in range(cycles):
-        step(i)
-    return cycles / (time.perf_counter() - start)
+    """``step(i)`` calls per second over ``cycles`` calls, after one not counted (JIT, caches)."""
+    return 1e6 / best_mean_us(step, cycles, rounds=1)
 
 
 def bench_rl_dist_ext(data, td, cycles, chunk):

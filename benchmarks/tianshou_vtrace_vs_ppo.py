@@ -261,6 +261,19 @@ def baseline_arm(
         collector.close()
 
 
+def fastest_baseline_arm(baseline: partial, name: str) -> Arm:
+    """Tianshou's ``name`` (PPO or A2C) over its fastest vector envs per env
+    (:data:`BASELINE_LAYOUTS`), as the head-to-head races run it."""
+    layouts = BASELINE_LAYOUTS[name]
+    return Arm(
+        name,
+        partial(baseline, algorithm=name, layouts=layouts),
+        f"{BASELINE_NOTES[name]}; vector envs {layouts}, its fastest layout per env "
+        "(`--race layouts`)",
+        uses_ray=False,
+    )
+
+
 def make_race(
     kind: str = "cartpole", *, epoch_steps: int = 5_000, cap_s: float = 300.0, envs=None
 ) -> Race:
@@ -274,7 +287,6 @@ def make_race(
     baseline = partial(baseline_arm, epoch_steps=epoch_steps)
     if kind == "cartpole":
         vtrace = partial(vtrace_arm, epoch_steps=epoch_steps, **VTRACE_SETTINGS)
-        chosen = ", its fastest layout per env (`--race layouts`)"
         return Race(
             name="tianshou_vtrace_vs_ppo",
             title="Tianshou VTrace vs Tianshou PPO and A2C: training seconds to a greedy 450 on "
@@ -289,22 +301,13 @@ def make_race(
                     partial(vtrace, central=True),
                     VTRACE_NOTE + "; one inference server of 0.25 CPU acts for every actor",
                 ),
-                *(
-                    Arm(
-                        name,
-                        partial(baseline, algorithm=name, layouts=layouts),
-                        f"{BASELINE_NOTES[name]}; vector envs {layouts}{chosen}",
-                        uses_ray=False,
-                    )
-                    for name, layouts in BASELINE_LAYOUTS.items()
-                ),
+                *(fastest_baseline_arm(baseline, name) for name in BASELINE_LAYOUTS),
             ),
             baseline="PPO",
             notes=notes,
         )
     if kind == "slow":
         vtrace = partial(vtrace_arm, epoch_steps=epoch_steps, central=False, **VTRACE_SETTINGS)
-        ppo_layouts = BASELINE_LAYOUTS["PPO"]
         return Race(
             name="tianshou_vtrace_vs_ppo_slow",
             title="Tianshou VTrace, its actors stepping their envs on threads, vs Tianshou PPO: "
@@ -321,13 +324,7 @@ def make_race(
                     "`--throughput`: 3,739 env steps/s against 2,033 for 8 x 2 sequential)",
                 ),
                 Arm("VTrace", vtrace, f"{VTRACE_NOTE}; envs stepped one after another"),
-                Arm(
-                    "PPO",
-                    partial(baseline, algorithm="PPO", layouts=ppo_layouts),
-                    f"{BASELINE_NOTES['PPO']}; vector envs {ppo_layouts}, its fastest layout "
-                    "per env (`--race layouts`)",
-                    uses_ray=False,
-                ),
+                fastest_baseline_arm(baseline, "PPO"),
             ),
             baseline="PPO",
             notes=notes,
