@@ -240,10 +240,13 @@ class DeltaPublisher:
             self.version = version
             return
         assert self._shadow is not None
-        residual = counts  # in grid units, float32
-        residual -= self._shadow
-        where = np.flatnonzero(np.abs(residual) > UNITS_PER_TOLERANCE).astype(np.int32)
-        steps = np.rint(residual[where]).astype(np.int32)
+        # The error an actor holding the shadow sees, in its own float32 arithmetic (the
+        # subtraction of two such close floats is exact): checking grid units instead lets the
+        # rounding of unit x count (a few 1e-4 units at thousands of units from 0) carry an
+        # element just inside the bound outside it.
+        error = flat.values - self._unit * self._shadow.astype(np.float32)
+        where = np.flatnonzero(np.abs(error) > UNITS_PER_TOLERANCE * self._unit).astype(np.int32)
+        steps = np.rint(counts[where] - self._shadow[where]).astype(np.int32)
         self._shadow[where] += steps
         self._history.append(_Step(self.version, version, where, steps))
         changed = sum(step.where.size for step in self._history)

@@ -153,6 +153,27 @@ def test_jumps_beyond_int8_steps_travel_exactly_and_stay_in_bound():
     assert np.abs(got["head"][0] - first["head"][0] - 1.0).max() <= taus[2] * (1 + 1e-5)
 
 
+def test_the_bound_holds_in_float32_for_weights_thousands_of_grid_units_from_zero():
+    """The default tolerance puts a weight near its tensor's RMS about 4,000 grid units from 0;
+    float32 rounding of the unit x count product is then a few ten-thousandths of a unit, which
+    must not carry an element that is just inside the bound outside it (a CI run saw
+    ``test_runners_hold_the_learners_weights_within_the_delta_bound`` fail so)."""
+    rng = np.random.default_rng(3)
+    publisher = DeltaPublisher()  # DEFAULT_TOLERANCE
+    weights = {"w": (1.0 + rng.normal(0, 0.3, 20_000)).astype(np.float32)}
+    tau = publisher.tolerance * float(np.sqrt(np.mean(np.square(weights["w"].astype(np.float64)))))
+    receiver = DeltaReceiver()
+    worst = 0.0
+    for version in range(1, 201):
+        step = rng.normal(0, 2e-4, weights["w"].shape)
+        weights = {"w": (weights["w"] + step).astype(np.float32)}
+        got = receiver.apply(publisher.pull(weights, version, receiver.held))
+        error = np.abs(weights["w"].astype(np.float64) - got["w"].astype(np.float64))
+        worst = max(worst, float(error.max()) / tau)
+    assert worst <= 1 + 1e-5, worst
+    assert worst > 0.9  # elements did come near the bound
+
+
 def test_full_pulls_for_pullers_too_far_behind_of_another_grid_or_another_network():
     rng = np.random.default_rng(3)
     publisher = DeltaPublisher(0.05, max_history=4)
