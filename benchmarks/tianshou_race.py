@@ -54,6 +54,9 @@ class RunClock:
         self.seconds_to_target: float | None = None
         self.best_test_return: float | None = None
         self.test_seconds = 0.0
+        #: called before each test, inside the clock: a Ray-actor collector's pause_acting, so
+        #: that its actors take no env steps while the clock is stopped for the test
+        self.before_test: Callable[[], None] | None = None
         self._start = time.perf_counter()
 
     def start(self) -> None:
@@ -71,6 +74,8 @@ class RunClock:
 
     def test_fn(self, epoch: int, env_step: int | None) -> None:
         self.env_steps = env_step or 0
+        if self.before_test is not None:
+            self.before_test()
 
     def stop_fn(self, best_test_return: float) -> bool:
         self.best_test_return = best_test_return  # the trainer passes its best test return
@@ -136,6 +141,9 @@ def train_until_target(
         verbose=False,
         **step_params,
     )
+    # Actors that kept stepping while a test runs would take env steps off the clock: they
+    # stop for each test (the rollouts in flight finish on the clock, before it stops).
+    clock.before_test = getattr(training_collector, "pause_acting", None)
     clock.start()
     with contextlib.suppress(_TimeCapReached):  # the cap ends a run that missed the target
         algorithm.run_training(params)

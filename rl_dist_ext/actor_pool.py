@@ -72,6 +72,7 @@ class ActorPool:
         self._in_flight: dict[Any, int] = {}  # ObjectRef -> actor index
         self._paused_until = [0.0] * len(self._handles)
         self._down = [False] * len(self._handles)
+        self._held = False  # :meth:`pause` until :meth:`resume`: no new calls
         self.stats = PoolStats(failures_per_actor=[0] * len(self._handles))
 
     @property
@@ -89,7 +90,10 @@ class ActorPool:
         return sum(1 for i in self._in_flight.values() if i == actor_index)
 
     def top_up(self) -> None:
-        """Submit calls until every actor that is not paused has ``max_in_flight`` running."""
+        """Submit calls until every actor that is not paused has ``max_in_flight`` running
+        (none while the pool is paused: :meth:`pause`)."""
+        if self._held:
+            return
         now = time.monotonic()
         for index, handle in enumerate(self._handles):
             if self._paused_until[index] > now:
@@ -155,6 +159,16 @@ class ActorPool:
             )
             results += [r for r in map(self._take, done) if r is not None]
         return results
+
+    def pause(self, *, timeout_s: float) -> list[PoolResult]:
+        """Submit no new calls until :meth:`resume`; wait for those in flight and return their
+        results (the actors are idle when it returns, unless ``timeout_s`` expired first)."""
+        self._held = True
+        return self.drain(timeout_s=timeout_s)
+
+    def resume(self) -> None:
+        """Submit calls again (from the next :meth:`top_up` or :meth:`wait` on)."""
+        self._held = False
 
     def close(self) -> None:
         """Kill every actor (no restart) and forget the calls in flight."""

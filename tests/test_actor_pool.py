@@ -137,6 +137,19 @@ def test_top_up_wait_drain_and_close(start_pool):
     assert alive_actors() <= before - 2
 
 
+def test_pause_waits_for_the_calls_in_flight_and_submits_none_until_resume(start_pool):
+    pool = start_pool(2, delay_s=0.2, max_in_flight=2)
+    pool.top_up()
+    paused = pool.pause(timeout_s=30.0)
+    assert len(paused) == 4 and pool.num_in_flight() == 0  # the 4 calls finished, returned
+    pool.top_up()
+    assert pool.wait(timeout_s=0.5) == [] and pool.num_in_flight() == 0  # none submitted
+    assert pool.stats.calls_submitted == 4
+    pool.resume()
+    assert len(results_until(pool, lambda rs: len(rs) >= 2)) >= 2
+    assert pool.num_in_flight() == 4 and pool.stats.calls_submitted >= 6
+
+
 def test_killed_actor_is_counted_restarted_and_the_other_keeps_going(start_pool):
     lost = []
     pool = start_pool(

@@ -300,6 +300,67 @@ def test_a_full_buffer_leaves_finished_trajectories_for_the_next_collect(cluster
         collector.close()
 
 
+def test_pause_acting_stops_the_actors_until_the_next_collect_and_loses_nothing(cluster):
+    algo = make_algo()
+    collector = make_collector(algo, max_in_flight_per_actor=2)
+    try:
+        collector.collect(n_step=16)  # the actors start acting: 2 trajectories queued each
+        collector.reset_buffer()
+        assert collector.env.pool.num_in_flight() == 4
+        collector.pause_acting()  # the 4 in flight finish and wait for the next collect
+        assert collector.env.pool.num_in_flight() == 0
+        waiting = len(collector.env.waiting)
+        assert waiting >= 4
+        time.sleep(1.5)  # paused actors take no steps: nothing new finishes
+        assert collector.env.pool.num_in_flight() == 0 and len(collector.env.waiting) == waiting
+        stats = collector.collect(n_step=16)  # the waiting ones first; acting goes on
+        assert stats.num_trajectories == waiting and stats.queue_fill == 1.0
+        assert collector.env.pool.num_in_flight() == 4
+    finally:
+        collector.close()
+
+
+def test_the_race_clock_stops_acting_for_each_test(cluster):
+    """The benchmark's clock leaves the greedy tests out of training time: a VTrace run's
+    actors must not step their envs meanwhile (their steps would cost no time). Each test
+    starts with no rollout in flight."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    import tianshou_race
+
+    algo = make_algo()
+    collector = make_collector(algo, max_in_flight_per_actor=2)
+    clock = tianshou_race.RunClock(max_seconds=3.0, target=float("inf"))
+    test = tianshou_race.test_collector(algo.policy, 0, clock)
+    in_flight_at_tests = []
+    collect = test.collect
+
+    def counting_collect(*args, **kwargs):
+        in_flight_at_tests.append(collector.env.pool.num_in_flight())
+        return collect(*args, **kwargs)
+
+    test.collect = counting_collect
+    try:
+        run = tianshou_race.train_until_target(
+            algo,
+            collector,
+            test,
+            clock,
+            SimpleNamespace(epoch_steps=64),
+            on_policy=True,
+            collection_step_num_env_steps=32,
+            batch_size=None,
+            update_step_num_repetitions=1,
+        )
+    finally:
+        test.close()
+        collector.close()
+    assert len(in_flight_at_tests) >= 3 and run["env_steps"] >= 128
+    assert in_flight_at_tests == [0] * len(in_flight_at_tests)
+
+
 class BoxActionEnv(gym.Env):
     action_space = gym.spaces.Box(-1.0, 1.0, (1,))
     observation_space = gym.spaces.Box(-1.0, 1.0, (4,))

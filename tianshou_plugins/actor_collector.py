@@ -328,6 +328,7 @@ class RayActorCollector(BaseCollector[TStats], Generic[TStats]):
         if render or gym_reset_kwargs:
             raise ValueError(f"{self.name} does not support render or gym_reset_kwargs")
         started = time.monotonic()
+        self._actor_pool.resume()  # acting paused by pause_acting() goes on
         if self._last_return_time is None:  # the actors get their first rollouts only now
             self._last_return_time = started
         inference = self.env.inference
@@ -339,6 +340,15 @@ class RayActorCollector(BaseCollector[TStats], Generic[TStats]):
         self.collect_episode += stats.n_collected_episodes
         self.collect_time += time.monotonic() - started
         return stats
+
+    def pause_acting(self) -> None:
+        """Stop acting until the next ``collect()``: the rollouts in flight finish (the next
+        ``collect()`` returns them first) and no new ones start. Between two ``collect()`` calls
+        the actors otherwise keep stepping their envs (``max_in_flight_per_actor`` rollouts
+        each); pause them where steps taken meanwhile would go unseen, e.g. while a clock that
+        leaves out the policy's evaluation is stopped for it."""
+        results = self._actor_pool.pause(timeout_s=self._timeout_s)
+        self.env.waiting.extend(result.value for result in results)
 
     def close(self) -> None:
         """Stop the actors and the weights server."""
