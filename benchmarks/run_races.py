@@ -14,6 +14,7 @@ it loses only the run in progress.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import importlib
 import statistics
 import subprocess
@@ -29,18 +30,41 @@ HERE = Path(__file__).resolve().parent
 @dataclass(frozen=True)
 class Queued:
     """A race as its script runs it: ``script`` with ``--race kind`` (``kind`` None: the script
-    has one race) and ``extra`` options."""
+    has one race) and ``extra`` options; with ``retention``, the race run past its target
+    (``<race>_retention``) on ``envs`` (default: the race's) for ``arms`` (default: all) to a
+    cap of ``cap_s`` training seconds (default: the race's)."""
 
     script: str
     kind: str | None = None
     extra: tuple[str, ...] = ()
+    retention: bool = False
+    arms: tuple[str, ...] = ()
+    envs: tuple[str, ...] = ()
+    cap_s: float | None = None
 
     def argv(self) -> list[str]:
-        return [*(["--race", self.kind] if self.kind else []), *self.extra]
+        return [
+            *(["--race", self.kind] if self.kind else []),
+            *(["--retention"] if self.retention else []),
+            *(["--arms", *self.arms] if self.arms else []),
+            *(["--envs", *self.envs] if self.envs else []),
+            *(["--max-seconds", f"{self.cap_s:g}"] if self.cap_s else []),
+            *self.extra,
+        ]
 
     def race(self) -> harness.Race:
+        """The race as the queued command runs it (its arms, envs and cap)."""
         module = importlib.import_module(self.script.removesuffix(".py"))
-        return module.make_race(self.kind) if self.kind else module.make_race()
+        race = module.make_race(self.kind) if self.kind else module.make_race()
+        changes: dict = {}
+        if self.arms:
+            changes["arms"] = tuple(arm for arm in race.arms if arm.name in self.arms)
+        if self.envs:
+            changes["envs"] = self.envs
+        if self.cap_s:
+            changes["cap_s"] = self.cap_s
+        race = dataclasses.replace(race, **changes)
+        return harness.retention_race(race) if self.retention else race
 
 
 #: the headline races (issue order), then the layout races behind each arm's configuration
@@ -60,6 +84,23 @@ QUEUE = (
     Queued("rllib_vtrace_vs_appo.py", "layouts"),
     Queued("tianshou_vtrace_vs_ppo.py", "layouts"),
     Queued("minatar_race.py", "all"),
+    # issue 33: what each pair keeps after it first reaches the target, to at least 3x the
+    # time the slower arm's runs took to reach it
+    Queued(
+        "tianshou_vtrace_vs_ppo.py",
+        "cartpole",
+        retention=True,
+        arms=("VTrace", "PPO"),
+        envs=("CartPole-v1",),
+        cap_s=45.0,
+    ),
+    Queued(
+        "rllib_vtrace_vs_appo.py",
+        "cartpole",
+        retention=True,
+        arms=("VTrace local", "IMPALA"),
+        cap_s=150.0,
+    ),
 )
 
 
