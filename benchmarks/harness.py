@@ -532,10 +532,11 @@ def write_report(race: Race, results: Path) -> dict:
 
 
 def add_race_arguments(
-    parser: argparse.ArgumentParser, *, cap_s: float, envs: Sequence[str] | None = None
+    parser: argparse.ArgumentParser, *, cap_s: float | None, envs: Sequence[str] | None = None
 ) -> None:
     """The options every race script takes: ``--seeds``, ``--envs`` (one of ``envs`` where
-    given), ``--arms``, ``--max-seconds`` (the cap, ``cap_s`` by default), ``--report-only``,
+    given), ``--arms``, ``--max-seconds`` (the cap, ``cap_s`` by default; ``None``: each race's
+    own), ``--report-only``,
     ``--retention`` (the race run past its target: :func:`retention_race`), ``--out``."""
     parser.add_argument("--seeds", type=int, nargs="+", default=None, help="default: the race's")
     parser.add_argument("--arms", nargs="+", default=None, help="default: all the race's")

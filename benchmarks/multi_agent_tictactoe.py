@@ -108,9 +108,13 @@ class RaceClock:
     def pause(self) -> None:
         self.trained += time.perf_counter() - self._since
 
+    def due(self) -> bool:
+        """(Clock paused.) Whether :meth:`check` will evaluate."""
+        return self.trained - self.last_eval >= self.every_s
+
     def check(self, env_steps: int) -> bool:
         """(Clock paused.) Evaluate if due; ``True`` when the target is reached."""
-        if self.trained - self.last_eval < self.every_s:
+        if not self.due():
             return False
         self.last_eval = self.trained
         win_rate = self.evaluate(100)
@@ -296,6 +300,9 @@ def tianshou_arm(
     act = greedy_act(learner.policy)
 
     def evaluate(games: int) -> float:
+        # GorilaDQN's actors stopped acting (pause_acting, on the clock): no env steps go
+        # uncounted while the clock is stopped for the games
+        assert not gorila or collector.env.pool.num_in_flight() == 0
         return play_against_random(
             factory.raw, act, games=games, seed=7 * seed, seats=[TIANSHOU_SEAT]
         ).win_rate
@@ -307,6 +314,10 @@ def tianshou_arm(
         clock.pause()
         steps[0] = env_step
         try:
+            if gorila and clock.due():  # the actors stop, on the clock (collect() resumes them)
+                clock.resume()
+                collector.pause_acting()
+                clock.pause()
             if clock.check(env_step) or clock.done():
                 raise Reached
         finally:

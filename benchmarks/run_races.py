@@ -94,6 +94,7 @@ QUEUE = (
         envs=("CartPole-v1",),
         cap_s=45.0,
     ),
+    Queued("tianshou_vtrace_vs_ppo.py", "ablation"),  # one setting at a time, past the target
     Queued(
         "rllib_vtrace_vs_appo.py",
         "cartpole",

@@ -143,6 +143,7 @@ def vtrace_arm(
     repeat: int,
     max_grad_norm: float,
     env_stepping: str = "sequential",
+    ent_coef: float = 0.01,
 ) -> dict:
     """One VTrace run (the harness started Ray in this process); each actor steps its envs
     as ``env_stepping`` says (``ActorFleet.env_stepping``)."""
@@ -157,7 +158,7 @@ def vtrace_arm(
             critic=critic,
             optim=AdamOptimizerFactory(lr=lr),
             vf_coef=0.5,
-            ent_coef=0.01,
+            ent_coef=ent_coef,
             max_grad_norm=max_grad_norm,
         )
         collector = VTraceCollector(
@@ -275,7 +276,11 @@ def fastest_baseline_arm(baseline: partial, name: str) -> Arm:
 
 
 def make_race(
-    kind: str = "cartpole", *, epoch_steps: int | None = None, cap_s: float = 300.0, envs=None
+    kind: str = "cartpole",
+    *,
+    epoch_steps: int | None = None,
+    cap_s: float | None = None,
+    envs=None,
 ) -> Race:
     """The ``kind`` race (``cartpole``, ``slow`` or ``layouts``), tested every ``epoch_steps`` env
     steps (:data:`EPOCH_STEPS` of the race by default), ``cap_s`` training seconds a run at
@@ -283,13 +288,17 @@ def make_race(
     if kind not in RACES:
         raise ValueError(f"race {kind!r}: choose one of {list(RACES)}")
     epoch_steps = epoch_steps or EPOCH_STEPS[kind]
+    cap_s = cap_s or CAPS_S[kind]
     notes = (
         f"Greedy tests of 10 episodes on plain CartPole-v1 every {epoch_steps:,} env steps (not "
         "counted as training time); SlowCartPole-v1 is CartPole-v1 with 2 ms of latency per "
         "step, a stand-in for a slow simulator.",
-        "VTrace's actors stop acting for each test: the rollouts in flight finish on the "
-        "clock, no new ones start until training goes on (before 2026-12-06 they went on "
-        "acting, up to 2 rollouts an actor, off the clock).",
+    )
+    ray_notes = (
+        "The `tianshou_vtrace_vs_ppo` runs (before 2026-12-06) let VTrace's actors finish up "
+        "to 2 rollouts each during every test, off the clock; the runs from 2026-12-06 on (the "
+        "`slow` race, the retention race) stop them for each test: the rollouts in flight "
+        "finish on the clock, none start until training goes on.",
     )
     baseline = partial(baseline_arm, epoch_steps=epoch_steps)
     if kind == "cartpole":
@@ -311,7 +320,7 @@ def make_race(
                 *(fastest_baseline_arm(baseline, name) for name in BASELINE_LAYOUTS),
             ),
             baseline="PPO",
-            notes=notes,
+            notes=notes + ray_notes,
         )
     if kind == "slow":
         vtrace = partial(vtrace_arm, epoch_steps=epoch_steps, central=False, **VTRACE_SETTINGS)
@@ -334,7 +343,25 @@ def make_race(
                 fastest_baseline_arm(baseline, "PPO"),
             ),
             baseline="PPO",
-            notes=notes,
+            notes=notes + ray_notes,
+        )
+    if kind == "ablation":
+        vtrace = partial(vtrace_arm, epoch_steps=epoch_steps, central=False, **VTRACE_SETTINGS)
+        return Race(
+            name="tianshou_vtrace_ablation",
+            title="Tianshou VTrace on CartPole-v1 run past a greedy 450: one setting changed at "
+            "a time",
+            envs=tuple(envs or ("CartPole-v1",)),
+            target=TARGET,
+            cap_s=cap_s,
+            arms=tuple(
+                Arm(name, partial(vtrace, **change), f"{VTRACE_NOTE}; {why}")
+                for name, change, why in ABLATIONS
+            ),
+            baseline="VTrace",
+            seeds=(0, 1, 2, 3, 4),
+            notes=notes + ray_notes,
+            retention=True,
         )
     return Race(  # kind == "layouts"
         name="tianshou_vtrace_baseline_layouts",
@@ -358,10 +385,36 @@ def make_race(
     )
 
 
-RACES = ("cartpole", "slow", "layouts")
+RACES = ("cartpole", "slow", "layouts", "ablation")
+#: the ``ablation`` race's arms: (name, the one setting changed, why it is a suspect of the
+#: collapse after the target, greedy returns down to 9-10 by 20 s in the retention race)
+ABLATIONS = (
+    ("VTrace", {}, "the race's settings"),
+    (
+        "entropy 0",
+        {"ent_coef": 0.0},
+        "no entropy bonus (PPO has none): the bonus outweighs the "
+        "small advantages left once the critic fits, and pulls the policy to uniform",
+    ),
+    (
+        "grad-norm 0.5",
+        {"max_grad_norm": 0.5},
+        "gradients clipped to norm 0.5 as PPO's and "
+        "A2C's (40, IMPALA's Atari setting, lets a large step through)",
+    ),
+    (
+        "1 pass",
+        {"repeat": 1},
+        "one pass over each 512 env steps instead of 4: no reuse of "
+        "off-policy data without a trust region",
+    ),
+    ("lr 1e-4", {"lr": 1e-4}, "a third of the learning rate"),
+)
 #: env steps between tests per race: the ``slow`` race's runs reach the target in a few
 #: thousand env steps, which tests every 5,000 quantized (7 of 10 VTrace runs at the third)
-EPOCH_STEPS = {"cartpole": 5_000, "slow": 2_000, "layouts": 5_000}
+EPOCH_STEPS = {"cartpole": 5_000, "slow": 2_000, "layouts": 5_000, "ablation": 5_000}
+#: each race's cap in training seconds: the ablation's runs go on past the target (2-3 s) to it
+CAPS_S = {"cartpole": 300.0, "slow": 300.0, "layouts": 300.0, "ablation": 30.0}
 
 
 def layout(text: str) -> tuple[int, int]:
@@ -447,7 +500,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--epoch-steps", type=int, default=None, help=f"env steps per test (default {EPOCH_STEPS})"
     )
-    add_race_arguments(parser, cap_s=300.0, envs=ENVS)
+    add_race_arguments(parser, cap_s=None, envs=ENVS)
     throughput = parser.add_argument_group("collection throughput (instead of a race)")
     throughput.add_argument("--throughput", action="store_true", help="measure it, no race")
     throughput.add_argument(

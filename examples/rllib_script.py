@@ -204,7 +204,7 @@ def plot_trials(
     it)."""
     import matplotlib
 
-    from rl_dist_ext.retention import keep_line
+    from rl_dist_ext.retention import draw_target
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -222,9 +222,7 @@ def plot_trials(
             name = "greedy" if metric.startswith("evaluation/") else "return"
             ax.plot(greedy[ENV_STEPS], greedy[metric], marker=".", label=f"{label}{name}")
     if target is not None:
-        ax.axhline(target, color="grey", linestyle="--", linewidth=1, label="target")
-        line = keep_line(target)
-        ax.axhline(line, color="grey", linestyle=":", linewidth=1, label="80 % of the target")
+        draw_target(ax, target)
     ax.set_xlabel("env steps")
     ax.set_ylabel(metric.replace("env_runners/", ""), fontsize=8)
     ax.set_title(title)

@@ -22,7 +22,7 @@ from tianshou.env import DummyVectorEnv
 from tianshou.utils import TensorboardLogger
 from torch.utils.tensorboard import SummaryWriter
 
-from rl_dist_ext.retention import describe, keep_line
+from rl_dist_ext.retention import describe, draw_target
 
 log = logging.getLogger("tianshou_progress")
 
@@ -103,9 +103,7 @@ def plot_curve(logger: CurveLogger, path: Path, title: str, target: float | None
         steps, returns = zip(*logger.test_curve, strict=True)
         ax.plot(steps, returns, label="greedy test return (10 episodes)", marker="o")
     if target is not None:
-        ax.axhline(target, color="grey", linestyle="--", linewidth=1, label="target")
-        line = keep_line(target)
-        ax.axhline(line, color="grey", linestyle=":", linewidth=1, label="80 % of the target")
+        draw_target(ax, target)
     ax.set_xlabel("env steps")
     ax.set_ylabel("return")
     ax.set_title(title)

@@ -164,7 +164,11 @@ class ActorPool:
         """Submit no new calls until :meth:`resume`; wait for those in flight and return their
         results (the actors are idle when it returns, unless ``timeout_s`` expired first)."""
         self._held = True
-        return self.drain(timeout_s=timeout_s)
+        try:
+            return self.drain(timeout_s=timeout_s)
+        except BaseException:  # a call raised: the error goes to the caller, calls go on
+            self._held = False
+            raise
 
     def resume(self) -> None:
         """Submit calls again (from the next :meth:`top_up` or :meth:`wait` on)."""

@@ -25,6 +25,14 @@ def keep_line(target: float, keep: float = KEEP) -> float:
     return target - (1.0 - keep) * abs(target)
 
 
+def draw_target(ax, target: float) -> None:
+    """The target (dashed) and the keep line (dotted) on matplotlib axes ``ax``, labelled."""
+    ax.axhline(target, color="grey", linestyle="--", linewidth=1, label="target")
+    ax.axhline(
+        keep_line(target), color="grey", linestyle=":", linewidth=1, label="80 % of the target"
+    )
+
+
 @dataclass(frozen=True)
 class Retention:
     """What a run kept after it first reached the target at ``first`` (its curve's x: env steps

@@ -8,9 +8,10 @@ floating-point weight an actor holds stays within a stated bound of the learner'
 where ``w_learner`` is the weights version the actor holds as the learner published it and
 ``rms_t`` is tensor t's root mean square when the server drew its grid (from the first weights
 it was asked for; the network's RMS over all tensors, for a tensor that was all zero then),
-fixed from then on. Plus float32 rounding of the products below. A new grid is drawn (and every
-actor pulls in full) when the server restarts, the network's layout changes, or a weight grows
-past 2**29 grid units; weights holding NaN or inf are refused (``ValueError`` at the pull).
+fixed from then on, checked in the float32 arithmetic the actors use. A new grid is drawn (and
+every actor pulls in full) when the server restarts, the network's layout changes, or a weight
+grows past 2**24 grid units (where float32 still holds every count exactly); weights holding
+NaN or inf are refused (``ValueError`` at the pull).
 
 How (the server's side, :class:`DeltaPublisher`, inside the parameter server):
 
@@ -57,7 +58,10 @@ from rl_dist_ext.weight_compression import map_float_leaves, map_leaves
 DEFAULT_TOLERANCE = 0.001
 UNITS_PER_TOLERANCE = 4  # grid units per tau: an element that moves lands within tau / 8
 _ESCAPE = -128  # an int8 step that stands for "the next int32 escape value"
-_MAX_COUNT = 2**29  # grid units a weight may be from 0: int32 with room for their sums
+#: grid units a weight may be from 0: float32 holds every integer up to 2**24 exactly, so an
+#: actor's unit x count is within rounding of the grid point (further out, float32's spacing
+#: passes 4 units: the bound would fail)
+_MAX_COUNT = 2**24
 
 
 @dataclass(frozen=True)
@@ -233,7 +237,7 @@ class DeltaPublisher:
         self._skeleton = flat.skeleton
         self._full = None
         counts = None if layout != self._layout else flat.values / self._unit
-        if counts is None or np.abs(counts).max() > _MAX_COUNT:
+        if counts is None or np.abs(counts).max(initial=0.0) > _MAX_COUNT:
             # the first weights, another network, or weights that outgrew the grid's int32
             # range: a new grid, and every actor pulls in full
             self._new_grid(flat, layout)

@@ -561,10 +561,19 @@ def test_trainer_asking_more_updates_than_the_rate_limiter_allows_keeps_the_acto
             )
         )
         stats = buffer.stats(wait=True)
+        # Acting paused (as the race clock does for a test), then more gradient steps than
+        # the inserted rows pay for: the learner's wait on the rate limiter resumes acting
+        # instead of timing out on actors that stay paused.
+        collector.pause_acting()
+        inserted = buffer.stats(wait=True)["num_inserted"]
+        gradient_steps(algo, buffer, 32)
+        after_pause = buffer.stats(wait=True)
     finally:
         collector.close()
         buffer.close()
     assert result.train_step >= 128
+    assert after_pause["num_inserted"] > inserted
+    assert after_pause["num_sampled"] <= 4.0 * after_pause["num_inserted"]
     assert stats["num_sampled"] >= 128 * 0.5 * 32  # every gradient step the trainer asked for
     # ... within the ratio: the actors inserted a row for every 4 the learner sampled
     assert stats["num_sampled"] <= 4.0 * stats["num_inserted"]

@@ -235,6 +235,21 @@ def test_weights_that_outgrow_the_grid_start_a_new_one_and_non_finite_ones_are_r
         publisher.pull(broken, 3, receiver.held)
     with pytest.raises(ValueError, match="delta_tolerance=1e-12 is too fine"):
         DeltaPublisher(1e-12).pull({"w": np.array([1.0, 1e-6], np.float32)}, 1, None)
+    # Past 2**24 grid units float32 no longer holds every count (its spacing passes 1 unit,
+    # and 4 units, the bound, at 2**26): a new grid is drawn there (the limit was 2**29 once)
+    publisher = DeltaPublisher(tolerance)
+    receiver = DeltaReceiver()
+    receiver.apply(publisher.pull(weights, 1, receiver.held))
+    grid = publisher.grid
+    far = drift(weights, rng, scale=0.0)
+    far["head"][1] = np.full(6, 2.1e5, np.float32)  # 3.4e7 grid units of that tensor
+    pulled = publisher.pull(far, 2, receiver.held)
+    assert pulled.is_full and publisher.grid != grid
+    moved = drift(far, rng, scale=0.0)
+    moved["head"][1] = far["head"][1] + np.float32(0.75)
+    assert_within(
+        bounds(far, tolerance), moved, receiver.apply(publisher.pull(moved, 3, receiver.held))
+    )
 
 
 def test_flatten_and_unflatten_are_inverse_on_mixed_trees():

@@ -346,9 +346,19 @@ class RayActorCollector(BaseCollector[TStats], Generic[TStats]):
         ``collect()`` returns them first) and no new ones start. Between two ``collect()`` calls
         the actors otherwise keep stepping their envs (``max_in_flight_per_actor`` rollouts
         each); pause them where steps taken meanwhile would go unseen, e.g. while a clock that
-        leaves out the policy's evaluation is stopped for it."""
+        leaves out the policy's evaluation is stopped for it. The next ``collect()`` finds the
+        drained rollouts waiting (its ``queue_fill`` counts them). A GorilaDQN learner whose
+        sample waits on the rate limiter resumes acting: it waits for the actors' inserts."""
         results = self._actor_pool.pause(timeout_s=self._timeout_s)
         self.env.waiting.extend(result.value for result in results)
+        if self._actor_pool.num_in_flight():
+            log.warning(
+                "%s.pause_acting: %d rollouts still in flight after %ss; they finish meanwhile "
+                "and wait for the next collect()",
+                self.name,
+                self._actor_pool.num_in_flight(),
+                self._timeout_s,
+            )
 
     def close(self) -> None:
         """Stop the actors and the weights server."""

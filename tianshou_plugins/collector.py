@@ -226,7 +226,8 @@ class GorilaCollector(RayActorCollector[GorilaCollectStats]):
         """While the learner's sample waits on the rate limiter (Tianshou's trainer is in its
         update step and calls no ``collect()``): keep the finished rollouts for the next
         ``collect()`` and hand the actors new ones, so that the inserts the learner waits for
-        come in."""
+        come in (actors paused by :meth:`pause_acting` act again: the sample needs them)."""
+        self._actor_pool.resume()
         self._take_finished(timeout_s=0.0)  # close() removes this callback first
 
     # ---- RayActorCollector's hooks ------------------------------------------------------------
