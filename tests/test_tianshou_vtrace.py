@@ -153,6 +153,38 @@ def test_update_takes_gradient_steps_by_rows_and_counts_versions():
         assert algo.update(buffer, batch_size=None, repeat=1).gradient_steps == 1
 
 
+def test_advantage_normalization_reaches_the_shared_loss():
+    """The same weights and batch: the policy term is the shared loss's with standardized
+    advantages; the value and entropy terms are the plain algorithm's."""
+    from rl_dist_ext.impala import time_major_batch
+    from rl_dist_ext.ops.vtrace_loss import vtrace_actor_critic_loss
+
+    plain, normal = make_algo(seed=3), make_algo(seed=3, advantage_normalization=True)
+    batch = plain._tensors(time_major_batch([random_trajectory(4, num_envs=4)]))
+    a, b = plain.compute_loss(batch), normal.compute_loss(batch)
+    torch.testing.assert_close(a.vf_loss, b.vf_loss)
+    torch.testing.assert_close(a.entropy, b.entropy)
+    assert abs(a.pi_loss.item() - b.pi_loss.item()) > 1e-4
+    logits = normal.policy.actor(batch["obs"].flatten(0, 1), state=None, info={})[0]
+    dist = normal.policy.dist_fn(logits)
+    shape = batch["mask"].shape
+    values = normal.critic(batch["obs"].flatten(0, 1)).reshape(shape)
+    expected = vtrace_actor_critic_loss(
+        target_log_probs=dist.log_prob(batch["actions"].flatten()).reshape(shape),
+        behaviour_log_probs=batch["behaviour_logp"],
+        entropy=dist.entropy().reshape(shape),
+        values=values,
+        bootstrap_value=values[-1].detach(),
+        rewards=batch["rewards"],
+        discounts=batch["discounts"],
+        mask=batch["mask"],
+        vf_loss_coeff=0.5,
+        entropy_coeff=0.01,
+        normalize_advantages=True,
+    )
+    torch.testing.assert_close(b.pi_loss, expected.pi_loss)
+
+
 def test_state_dict_round_trips_the_version_and_moves_it_on():
     algo = make_algo()
     buffer = buffer_of([random_trajectory(1)])
@@ -177,6 +209,7 @@ def test_state_dict_round_trips_the_version_and_moves_it_on():
         ({"clip_rho_threshold": 0.0}, ValueError, "clip_rho_threshold"),
         ({"clip_pg_rho_threshold": -1.0}, ValueError, "clip_pg_rho_threshold"),
         ({"vtrace_lambda": 2.0}, ValueError, "vtrace_lambda"),
+        ({"advantage_normalization": "yes"}, TypeError, "advantage_normalization"),
         ({"critic": "not a network"}, TypeError, "critic"),
     ],
 )

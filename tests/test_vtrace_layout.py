@@ -204,6 +204,51 @@ def test_loss_is_the_masked_mean_of_its_terms_with_gradients():
     np.testing.assert_allclose(masked.total.item(), loss.total.item(), rtol=1e-12)
 
 
+def test_normalized_advantages_are_standardized_over_the_real_steps_only():
+    """By hand: the policy term with the advantages of the real steps less their mean, over
+    their (population) standard deviation; the value and entropy terms unchanged; a masked
+    step's advantage (however large) changes nothing."""
+    rng = np.random.default_rng(1)
+    shape = (6, 4)
+    mask = torch.as_tensor(rng.random(shape) < 0.6)
+    mask[0, 0] = True
+    target_logp = torch.tensor(np.log(rng.uniform(0.1, 0.9, shape)), requires_grad=True)
+    kwargs = dict(
+        behaviour_log_probs=torch.as_tensor(np.log(rng.uniform(0.1, 0.9, shape))),
+        entropy=torch.as_tensor(rng.uniform(0.1, 0.7, shape)),
+        values=torch.as_tensor(rng.normal(size=shape)),
+        rewards=torch.as_tensor(rng.normal(5.0, 3.0, size=shape)),  # advantages far from 0
+        discounts=torch.full(shape, GAMMA, dtype=torch.float64),
+        bootstrap_value=torch.as_tensor(rng.normal(size=shape[1])),
+        mask=mask,
+        vf_loss_coeff=0.5,
+        entropy_coeff=0.01,
+    )
+    plain = vtrace_actor_critic_loss(target_log_probs=target_logp, **kwargs)
+    normal = vtrace_actor_critic_loss(
+        target_log_probs=target_logp, normalize_advantages=True, **kwargs
+    )
+    targets = vtrace_from_log_probs(
+        behaviour_log_probs=kwargs["behaviour_log_probs"],
+        target_log_probs=target_logp,
+        discounts=kwargs["discounts"],
+        rewards=kwargs["rewards"],
+        values=kwargs["values"],
+        bootstrap_value=kwargs["bootstrap_value"],
+        mask=mask,
+    )
+    real = mask.numpy()
+    advantages = targets.pg_advantages.numpy()[real]
+    standardized = (advantages - advantages.mean()) / advantages.std()
+    logp = target_logp.detach().numpy()[real]
+    np.testing.assert_allclose(normal.pi_loss.item(), -(logp * standardized).mean(), rtol=1e-6)
+    assert abs(plain.pi_loss.item() - normal.pi_loss.item()) > 0.1
+    np.testing.assert_allclose(normal.vf_loss.item(), plain.vf_loss.item(), rtol=1e-12)
+    np.testing.assert_allclose(normal.entropy.item(), plain.entropy.item(), rtol=1e-12)
+    normal.total.backward()
+    assert torch.all(target_logp.grad[~mask] == 0)
+
+
 def test_loss_rejects_an_all_masked_batch_and_mismatched_shapes():
     ones = torch.ones(3, 2)
     kwargs = dict(

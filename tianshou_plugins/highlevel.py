@@ -178,6 +178,8 @@ class VTraceParams(OnPolicyAlgorithmParams):
         clip_pg_rho_threshold: the clip of the policy-gradient importance weights; ``None``: no
             clipping.
         vtrace_lambda: V-trace's lambda (1: the paper's targets).
+        advantage_normalization: standardize each gradient step's policy-gradient advantages
+            (mean 0, standard deviation 1), as Tianshou's PPO does.
     """
 
     vf_coef: float = 0.5
@@ -186,6 +188,7 @@ class VTraceParams(OnPolicyAlgorithmParams):
     clip_rho_threshold: float | None = 1.0
     clip_pg_rho_threshold: float | None = 1.0
     vtrace_lambda: float = 1.0
+    advantage_normalization: bool = False
 
 
 @dataclass(frozen=True, kw_only=True)

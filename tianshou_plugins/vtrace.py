@@ -126,6 +126,8 @@ class VTrace(OnPolicyAlgorithm[ProbabilisticActorPolicy]):
         clip_rho_threshold: rho-bar of the V-trace targets (``None``: no clipping).
         clip_pg_rho_threshold: rho-bar of the policy-gradient advantages (``None``: none).
         vtrace_lambda: trace factor lambda in [0, 1] (1 is the paper's V-trace).
+        advantage_normalization: standardize the policy-gradient advantages of each gradient
+            step's batch (mean 0, standard deviation 1), as Tianshou's PPO does by default.
     """
 
     def __init__(
@@ -141,6 +143,7 @@ class VTrace(OnPolicyAlgorithm[ProbabilisticActorPolicy]):
         clip_rho_threshold: float | None = 1.0,
         clip_pg_rho_threshold: float | None = 1.0,
         vtrace_lambda: float = 1.0,
+        advantage_normalization: bool = False,
     ) -> None:
         if not isinstance(policy, ProbabilisticActorPolicy):
             raise TypeError(
@@ -160,6 +163,10 @@ class VTrace(OnPolicyAlgorithm[ProbabilisticActorPolicy]):
             if value is not None:
                 check_real(name, value, low=0.0, strict=True)
         check_real("vtrace_lambda", vtrace_lambda, low=0.0, high=1.0)
+        if not isinstance(advantage_normalization, bool):
+            raise TypeError(
+                f"advantage_normalization must be True or False, got {advantage_normalization!r}"
+            )
         super().__init__(policy=policy)
         self.critic = critic
         self.optim = self._create_optimizer(
@@ -172,6 +179,7 @@ class VTrace(OnPolicyAlgorithm[ProbabilisticActorPolicy]):
         self.clip_rho_threshold = clip_rho_threshold
         self.clip_pg_rho_threshold = clip_pg_rho_threshold
         self.vtrace_lambda = float(vtrace_lambda)
+        self.advantage_normalization = advantage_normalization
         self.weights_clock = WeightsVersion()
 
     # ---- versions -----------------------------------------------------------------------------
@@ -263,6 +271,7 @@ class VTrace(OnPolicyAlgorithm[ProbabilisticActorPolicy]):
             clip_rho_threshold=self.clip_rho_threshold,
             clip_pg_rho_threshold=self.clip_pg_rho_threshold,
             lambda_=self.vtrace_lambda,
+            normalize_advantages=self.advantage_normalization,
         )
 
     # ---- the version travels with state_dict() ------------------------------------------------

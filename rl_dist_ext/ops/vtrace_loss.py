@@ -8,7 +8,10 @@ policy-gradient advantages ``A_s`` (:mod:`rl_dist_ext.ops.vtrace`), the learner 
         - entropy_coeff * mean_s[ H(pi(.|x_s)) ]                  (entropy bonus)
 
 where the means run over the real (unmasked) steps of a time-major ``[T, B]`` batch; masked
-steps (an episode piece's final observation, padding) add nothing.
+steps (an episode piece's final observation, padding) add nothing. With
+``normalize_advantages``, ``A_s`` is shifted and scaled to mean 0 and standard deviation 1 over
+the batch's real steps first (as Tianshou's PPO does per minibatch): the policy's step no
+longer grows with the scale of the returns.
 """
 
 from __future__ import annotations
@@ -47,6 +50,7 @@ def vtrace_actor_critic_loss(
     clip_rho_threshold: float | None = 1.0,
     clip_pg_rho_threshold: float | None = 1.0,
     lambda_: float = 1.0,
+    normalize_advantages: bool = False,
 ) -> VTraceLoss:
     """The IMPALA loss on one time-major batch (see the module docstring).
 
@@ -62,6 +66,8 @@ def vtrace_actor_critic_loss(
         vf_loss_coeff, entropy_coeff: weights of the value and entropy terms.
         clip_rho_threshold, clip_pg_rho_threshold, lambda_: as in
             :func:`~rl_dist_ext.ops.vtrace.vtrace_from_importance_weights`.
+        normalize_advantages: standardize the policy-gradient advantages over the real steps
+            (mean 0, standard deviation 1; a batch of one real step is only centred).
 
     Raises:
         ValueError: no real step, or shapes as in the V-trace functions.
@@ -91,7 +97,10 @@ def vtrace_actor_critic_loss(
     # where(), not a product: a masked step's log-prob may be -inf (padding, invalid actions).
     zero = torch.zeros((), dtype=values.dtype, device=values.device)
     real = mask != 0
-    pi_loss = -torch.where(real, target_log_probs * targets.pg_advantages, zero).sum() / num_real
+    advantages = targets.pg_advantages
+    if normalize_advantages:
+        advantages = _standardized(advantages, real, num_real)
+    pi_loss = -torch.where(real, target_log_probs * advantages, zero).sum() / num_real
     vf_loss = 0.5 * torch.where(real, (values - targets.vs) ** 2, zero).sum() / num_real
     mean_entropy = torch.where(real, entropy, zero).sum() / num_real
     total = pi_loss + vf_loss_coeff * vf_loss - entropy_coeff * mean_entropy
@@ -105,3 +114,13 @@ def vtrace_actor_critic_loss(
         entropy=mean_entropy.detach(),
         mean_rho=mean_rho,
     )
+
+
+def _standardized(x: torch.Tensor, real: torch.Tensor, num_real: torch.Tensor) -> torch.Tensor:
+    """``x`` less its mean over the ``real`` steps, over their standard deviation (population;
+    1e-8 keeps a constant batch finite)."""
+    zero = torch.zeros((), dtype=x.dtype, device=x.device)
+    mean = torch.where(real, x, zero).sum() / num_real
+    centred = torch.where(real, x - mean, zero)
+    std = (centred.square().sum() / num_real).sqrt()
+    return centred / (std + 1e-8)
