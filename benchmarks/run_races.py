@@ -102,6 +102,15 @@ QUEUE = (
         arms=("VTrace local", "IMPALA"),
         cap_s=150.0,
     ),
+    # the GorilaDQN pairs: their baselines take 3-4 minutes to the target (IQM 213 s and 179 s)
+    Queued("rllib_gorila_vs_dqn.py", "lean", retention=True, cap_s=650.0),
+    Queued(
+        "tianshou_gorila_vs_dqn.py",
+        extra=("--throughput-actors",),
+        retention=True,
+        envs=("CartPole-v1",),
+        cap_s=540.0,
+    ),
 )
 
 

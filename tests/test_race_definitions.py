@@ -145,7 +145,8 @@ def test_the_race_queue_runs_every_race_once_with_a_command_its_script_takes(tmp
     for item in run_races.QUEUE:  # a retention race runs a race of the queue past its target
         if item.retention:
             assert item.race().name.removesuffix("_retention") in queued
-            assert {arm.name for arm in item.race().arms} == set(item.arms)
+            if item.arms:  # a subset of the race's arms; none named: all of them
+                assert {arm.name for arm in item.race().arms} == set(item.arms)
     for item in run_races.QUEUE:
         module = sys.modules[item.script.removesuffix(".py")]
         module.main([*item.argv(), "--report-only", "--out", str(tmp_path)])
