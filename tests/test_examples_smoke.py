@@ -153,7 +153,8 @@ SCRIPTS: dict[str, tuple[str, float]] = {
     ),
     "test_multi_agent_tictactoe_bench_writes_json_and_table": (
         (
-            "benchmarks/multi_agent_tictactoe.py --race tianshou --seeds 0 --arms GorilaDQN DQN "
+            "benchmarks/multi_agent_tictactoe.py --race tianshou --seeds 0 "
+            "--arms GorilaDQN 'DQN (example)' "
             "--max-seconds 1.5 --eval-every-s 0.5 --out {out}"
         ),
         400,  # two runs in processes of their own
@@ -545,12 +546,13 @@ def test_tianshou_multi_agent_example_trains_and_writes_checkpoint_and_curve(out
 
 @pytest.mark.long  # a race: several arms, each its own Ray session (see module doc)
 def test_multi_agent_tictactoe_bench_writes_json_and_table(out_dir):
-    """Tianshou's race, GorilaDQN (Ray actors) against Tianshou's DQN (no Ray), one seed each:
-    each curve holds win rates against random, the report GorilaDQN's ratio to DQN."""
+    """Tianshou's race, GorilaDQN (Ray actors) against Tianshou's DQN with its example's
+    settings (no Ray, the race's baseline), one seed each: each curve holds win rates against
+    random, the report GorilaDQN's ratio to that DQN."""
     report = json.loads((out_dir / "races" / "tictactoe_tianshou.json").read_text())
     runs = report["runs"]["tictactoe_v3"]
-    assert {arm for arm, records in runs.items() if records} == {"GorilaDQN", "DQN"}
-    for arm in ("GorilaDQN", "DQN"):
+    assert {arm for arm, records in runs.items() if records} == {"GorilaDQN", "DQN (example)"}
+    for arm in ("GorilaDQN", "DQN (example)"):
         (run,) = runs[arm]
         assert run["env_steps"] > 0 and run["curve"], run
         assert all(0.0 <= point[2] <= 1.0 for point in run["curve"])
