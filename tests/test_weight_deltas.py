@@ -219,16 +219,22 @@ def test_a_puller_of_another_grid_gets_a_full_pull_even_where_its_version_is_in_
 def test_weights_that_outgrow_the_grid_start_a_new_one_and_non_finite_ones_are_refused():
     rng = np.random.default_rng(7)
     tolerance = 0.05
-    publisher = DeltaPublisher(tolerance)
     weights = network(rng)
-    receiver = DeltaReceiver()
-    receiver.apply(publisher.pull(weights, 1, receiver.held))
-    grid = publisher.grid
-    grown = drift(weights, rng, scale=0.0)
-    grown["head"][1] = np.full(6, 1e7, np.float32)  # 1.6e9 grid units of that tensor
-    pulled = publisher.pull(grown, 2, receiver.held)
-    assert pulled.is_full and publisher.grid != grid
-    assert_within(bounds(grown, tolerance), grown, receiver.apply(pulled))  # the new grid's
+
+    def grown_past_the_grid(value: float) -> tuple[DeltaPublisher, DeltaReceiver, dict]:
+        """A receiver on a fresh publisher's grid; then the head's bias jumps to ``value``:
+        a full pull on a new grid, whose bound the receiver holds."""
+        publisher, receiver = DeltaPublisher(tolerance), DeltaReceiver()
+        receiver.apply(publisher.pull(weights, 1, receiver.held))
+        grid = publisher.grid
+        grown = drift(weights, rng, scale=0.0)
+        grown["head"][1] = np.full(6, value, np.float32)
+        pulled = publisher.pull(grown, 2, receiver.held)
+        assert pulled.is_full and publisher.grid != grid
+        assert_within(bounds(grown, tolerance), grown, receiver.apply(pulled))  # the new grid's
+        return publisher, receiver, grown
+
+    publisher, receiver, grown = grown_past_the_grid(1e7)  # 1.6e9 grid units of that tensor
     broken = drift(grown, rng, scale=0.0)
     broken["head"][0][0, 0] = np.nan
     with pytest.raises(ValueError, match="NaN or inf"):
@@ -237,14 +243,7 @@ def test_weights_that_outgrow_the_grid_start_a_new_one_and_non_finite_ones_are_r
         DeltaPublisher(1e-12).pull({"w": np.array([1.0, 1e-6], np.float32)}, 1, None)
     # Past 2**24 grid units float32 no longer holds every count (its spacing passes 1 unit,
     # and 4 units, the bound, at 2**26): a new grid is drawn there (the limit was 2**29 once)
-    publisher = DeltaPublisher(tolerance)
-    receiver = DeltaReceiver()
-    receiver.apply(publisher.pull(weights, 1, receiver.held))
-    grid = publisher.grid
-    far = drift(weights, rng, scale=0.0)
-    far["head"][1] = np.full(6, 2.1e5, np.float32)  # 3.4e7 grid units of that tensor
-    pulled = publisher.pull(far, 2, receiver.held)
-    assert pulled.is_full and publisher.grid != grid
+    publisher, receiver, far = grown_past_the_grid(2.1e5)  # 3.4e7 grid units of that tensor
     moved = drift(far, rng, scale=0.0)
     moved["head"][1] = far["head"][1] + np.float32(0.75)
     assert_within(

@@ -94,19 +94,25 @@ def vtrace_actor_critic_loss(
         clip_pg_rho_threshold=clip_pg_rho_threshold,
         lambda_=lambda_,
     )
-    # where(), not a product: a masked step's log-prob may be -inf (padding, invalid actions).
-    zero = torch.zeros((), dtype=values.dtype, device=values.device)
     real = mask != 0
+
+    def mean(x: torch.Tensor) -> torch.Tensor:
+        """Over the real steps. where(), not a product: a masked step's log-prob may be -inf
+        (padding, invalid actions)."""
+        return (
+            torch.where(real, x, torch.zeros((), dtype=x.dtype, device=x.device)).sum() / num_real
+        )
+
     advantages = targets.pg_advantages
-    if normalize_advantages:
-        advantages = _standardized(advantages, real, num_real)
-    pi_loss = -torch.where(real, target_log_probs * advantages, zero).sum() / num_real
-    vf_loss = 0.5 * torch.where(real, (values - targets.vs) ** 2, zero).sum() / num_real
-    mean_entropy = torch.where(real, entropy, zero).sum() / num_real
+    if normalize_advantages:  # mean 0, standard deviation 1 over the real steps
+        centred = torch.where(real, advantages - mean(advantages), 0.0)
+        advantages = centred / (mean(centred.square()).sqrt() + 1e-8)
+    pi_loss = -mean(target_log_probs * advantages)
+    vf_loss = 0.5 * mean((values - targets.vs) ** 2)
+    mean_entropy = mean(entropy)
     total = pi_loss + vf_loss_coeff * vf_loss - entropy_coeff * mean_entropy
     with torch.no_grad():
-        log_rhos = target_log_probs - behaviour_log_probs
-        mean_rho = torch.where(real, log_rhos.exp(), zero).sum() / num_real
+        mean_rho = mean((target_log_probs - behaviour_log_probs).exp())
     return VTraceLoss(
         total=total,
         pi_loss=pi_loss.detach(),
@@ -114,13 +120,3 @@ def vtrace_actor_critic_loss(
         entropy=mean_entropy.detach(),
         mean_rho=mean_rho,
     )
-
-
-def _standardized(x: torch.Tensor, real: torch.Tensor, num_real: torch.Tensor) -> torch.Tensor:
-    """``x`` less its mean over the ``real`` steps, over their standard deviation (population;
-    1e-8 keeps a constant batch finite)."""
-    zero = torch.zeros((), dtype=x.dtype, device=x.device)
-    mean = torch.where(real, x, zero).sum() / num_real
-    centred = torch.where(real, x - mean, zero)
-    std = (centred.square().sum() / num_real).sqrt()
-    return centred / (std + 1e-8)
