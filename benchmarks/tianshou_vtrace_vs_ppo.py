@@ -145,6 +145,7 @@ def vtrace_arm(
     env_stepping: str = "sequential",
     ent_coef: float = 0.01,
     advantage_normalization: bool = False,
+    eps_clip: float | None = None,
 ) -> dict:
     """One VTrace run (the harness started Ray in this process); each actor steps its envs
     as ``env_stepping`` says (``ActorFleet.env_stepping``)."""
@@ -162,6 +163,7 @@ def vtrace_arm(
             ent_coef=ent_coef,
             max_grad_norm=max_grad_norm,
             advantage_normalization=advantage_normalization,
+            eps_clip=eps_clip,
         )
         collector = VTraceCollector(
             algorithm,
@@ -424,6 +426,24 @@ ABLATIONS = (
         "1 pass + batch 512",
         {"repeat": 1, "batch_size": 512},
         "one gradient step over each 512 env steps (the example's), at lr 3e-4",
+    ),
+    # then what V-trace lacks against PPO: a bound on how far one batch moves the policy
+    (
+        "clip 0.2",
+        {"eps_clip": 0.2},
+        "PPO's clipped surrogate on the V-trace advantages, ratios to the policy each batch "
+        "arrived to clipped to [0.8, 1.2] (Tianshou's PPO's clip)",
+    ),
+    ("clip 0.1", {"eps_clip": 0.1}, "the clipped surrogate with a band of [0.9, 1.1]"),
+    (
+        "1 pass + clip 0.2",
+        {"repeat": 1, "eps_clip": 0.2},
+        "one pass, its 4 gradient steps bounded by the clipped surrogate",
+    ),
+    (
+        "clip 0.2, PPO's clip and entropy",
+        {"eps_clip": 0.2, "max_grad_norm": 0.5, "ent_coef": 0.0},
+        "the clipped surrogate with PPO's other two settings: grad-norm 0.5, no entropy bonus",
     ),
 )
 #: env steps between tests per race: the ``slow`` race's runs reach the target in a few

@@ -129,7 +129,7 @@ def test_builder_runs_vtrace_experiment_in_seed_mode_and_closes_cleanly(ray_sess
                 test_step_num_episodes=2,
             ),
         )
-        .with_vtrace_params(VTraceParams(lr=1e-3, vf_coef=0.5, ent_coef=0.01))
+        .with_vtrace_params(VTraceParams(lr=1e-3, vf_coef=0.5, ent_coef=0.01, eps_clip=0.2))
         .with_vtrace_actors(
             VTraceActorParams(
                 actors=ActorFleet(
@@ -150,6 +150,7 @@ def test_builder_runs_vtrace_experiment_in_seed_mode_and_closes_cleanly(ray_sess
     world = result.world
     try:
         assert isinstance(world.algorithm, VTrace)
+        assert world.algorithm.eps_clip == 0.2  # every VTraceParams field reaches VTrace
         assert isinstance(world.training_collector, VTraceCollector)
         assert world.training_collector.env.inference is not None
         assert world.training_collector.collect_step >= 1_024

@@ -185,6 +185,57 @@ def test_advantage_normalization_reaches_the_shared_loss():
     torch.testing.assert_close(b.pi_loss, expected.pi_loss)
 
 
+def test_eps_clip_bounds_every_pass_around_the_policy_the_batch_arrived_to():
+    """With ``eps_clip`` each gradient step's loss is the shared loss's clipped surrogate, with
+    ratios to the log-probs the policy gave the batch before its first step, in every pass
+    (the policy moves between passes, those log-probs do not)."""
+    from rl_dist_ext.impala import time_major_batch
+    from rl_dist_ext.ops.vtrace_loss import vtrace_actor_critic_loss
+
+    algo = make_algo(seed=5, lr=1e-2, eps_clip=0.1)
+    trajectory = random_trajectory(6, num_envs=4)
+    arrived = algo._tensors(time_major_batch([trajectory]))
+    with torch.no_grad():
+        arrived_logp = algo._log_probs_and_entropy(arrived)[0]
+    seen: list[tuple[torch.Tensor, ...]] = []
+    compute_loss = algo.compute_loss
+    shape = arrived["mask"].shape
+
+    def recording(batch):  # called before each gradient step, on the weights it starts from
+        loss = compute_loss(batch)
+        with torch.no_grad():
+            now = algo._log_probs_and_entropy(batch)[0]
+            values = algo.critic(batch["obs"].flatten(0, 1)).reshape(shape)
+        seen.append((batch["old_logp"].clone(), now, values, loss.pi_loss))
+        return loss
+
+    algo.compute_loss = recording
+    with policy_within_training_step(algo.policy):
+        algo.update(buffer_of([trajectory]), batch_size=None, repeat=3)
+    assert len(seen) == 3
+    for old, *_ in seen:
+        torch.testing.assert_close(old, arrived_logp)
+    old, now, values, pi_loss = seen[-1]
+    assert not torch.allclose(now, arrived_logp)  # the policy moved between passes
+    expected = vtrace_actor_critic_loss(
+        target_log_probs=now,
+        behaviour_log_probs=arrived["behaviour_logp"],
+        entropy=torch.zeros(shape),
+        values=values,
+        bootstrap_value=values[-1],
+        rewards=arrived["rewards"],
+        discounts=arrived["discounts"],
+        mask=arrived["mask"],
+        vf_loss_coeff=0.5,
+        entropy_coeff=0.0,
+        ratio_clip=0.1,
+        old_log_probs=arrived_logp,
+    )
+    torch.testing.assert_close(pi_loss, expected.pi_loss)
+    ratios = (now - arrived_logp).exp()[arrived["mask"].bool()]
+    assert ((ratios < 0.9) | (ratios > 1.1)).any()  # by the third pass the clip binds
+
+
 def test_state_dict_round_trips_the_version_and_moves_it_on():
     algo = make_algo()
     buffer = buffer_of([random_trajectory(1)])
@@ -210,6 +261,7 @@ def test_state_dict_round_trips_the_version_and_moves_it_on():
         ({"clip_pg_rho_threshold": -1.0}, ValueError, "clip_pg_rho_threshold"),
         ({"vtrace_lambda": 2.0}, ValueError, "vtrace_lambda"),
         ({"advantage_normalization": "yes"}, TypeError, "advantage_normalization"),
+        ({"eps_clip": 0.0}, ValueError, "eps_clip"),
         ({"critic": "not a network"}, TypeError, "critic"),
     ],
 )

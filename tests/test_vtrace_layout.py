@@ -249,6 +249,96 @@ def test_normalized_advantages_are_standardized_over_the_real_steps_only():
     assert torch.all(target_logp.grad[~mask] == 0)
 
 
+def test_clipped_surrogate_equals_the_step_by_step_reference_with_its_gradient():
+    """PPO's clipped surrogate on the V-trace advantages, one real step at a time in plain
+    floats: the term min(r A, clip(r) A) and its gradient in log pi (r A where the unclipped
+    side is the smaller, else 0); masked steps (-inf log-probs on both sides) add nothing;
+    around pi_old = pi the gradient is the plain term's."""
+    rng = np.random.default_rng(2)
+    shape = (7, 5)
+    mask = torch.as_tensor(rng.random(shape) < 0.7)
+    mask[0, 0] = True
+    logp = np.log(rng.uniform(0.1, 0.9, shape))
+    old_logp = logp + rng.normal(0.0, 0.3, shape)  # ratios from about 0.5 to 2: both sides clip
+    epsilon = 0.2
+    kwargs = dict(
+        behaviour_log_probs=torch.as_tensor(np.log(rng.uniform(0.1, 0.9, shape))),
+        entropy=torch.as_tensor(rng.uniform(0.1, 0.7, shape)),
+        values=torch.as_tensor(rng.normal(size=shape)),
+        rewards=torch.as_tensor(rng.normal(size=shape)),
+        discounts=torch.full(shape, GAMMA, dtype=torch.float64),
+        bootstrap_value=torch.as_tensor(rng.normal(size=shape[1])),
+        mask=mask,
+        vf_loss_coeff=0.5,
+        entropy_coeff=0.01,
+    )
+    target_logp = torch.tensor(logp, requires_grad=True)
+    minus_inf = torch.tensor(-np.inf, dtype=torch.float64)
+    old = torch.where(mask, torch.as_tensor(old_logp), minus_inf)  # -inf at masked steps
+    clipped = vtrace_actor_critic_loss(
+        target_log_probs=target_logp, ratio_clip=epsilon, old_log_probs=old, **kwargs
+    )
+    advantages = vtrace_from_log_probs(
+        behaviour_log_probs=kwargs["behaviour_log_probs"],
+        target_log_probs=target_logp,
+        discounts=kwargs["discounts"],
+        rewards=kwargs["rewards"],
+        values=kwargs["values"],
+        bootstrap_value=kwargs["bootstrap_value"],
+        mask=mask,
+    ).pg_advantages.numpy()
+    real = [(t, b) for t in range(shape[0]) for b in range(shape[1]) if mask[t, b]]
+    total, grad = 0.0, np.zeros(shape)
+    num_clipped = 0
+    for t, b in real:
+        r = float(np.exp(logp[t, b] - old_logp[t, b]))
+        a = float(advantages[t, b])
+        unclipped, bounded = r * a, min(max(r, 1 - epsilon), 1 + epsilon) * a
+        total += min(unclipped, bounded)
+        if unclipped <= bounded:
+            grad[t, b] = -r * a / len(real)  # d(-r A / N) / d log pi
+        else:
+            num_clipped += 1
+    assert 0 < num_clipped < len(real)  # the reference covers both branches
+    np.testing.assert_allclose(clipped.pi_loss.item(), -total / len(real), rtol=1e-12)
+    clipped.total.backward()
+    assert torch.isfinite(clipped.total)
+    # the value and entropy terms take no gradient in log pi (V-trace's targets are detached)
+    np.testing.assert_allclose(target_logp.grad.numpy(), grad, rtol=1e-10, atol=1e-15)
+
+    at_old = torch.tensor(logp, requires_grad=True)  # pi_old = pi: r = 1 everywhere
+    plain_logp = torch.tensor(logp, requires_grad=True)
+    vtrace_actor_critic_loss(
+        target_log_probs=at_old, ratio_clip=epsilon, old_log_probs=at_old.detach(), **kwargs
+    ).total.backward()
+    vtrace_actor_critic_loss(target_log_probs=plain_logp, **kwargs).total.backward()
+    np.testing.assert_allclose(at_old.grad.numpy(), plain_logp.grad.numpy(), rtol=1e-12)
+
+
+def test_clipped_surrogate_needs_its_old_log_probs_and_a_positive_clip():
+    ones = torch.ones(3, 2)
+    kwargs = dict(
+        target_log_probs=ones,
+        behaviour_log_probs=ones,
+        entropy=ones,
+        values=ones,
+        bootstrap_value=torch.ones(2),
+        rewards=ones,
+        discounts=ones,
+        mask=torch.ones(3, 2),
+        vf_loss_coeff=0.5,
+        entropy_coeff=0.0,
+    )
+    with pytest.raises(ValueError, match="old_log_probs missing"):
+        vtrace_actor_critic_loss(ratio_clip=0.2, **kwargs)
+    with pytest.raises(ValueError, match="ratio_clip=None"):
+        vtrace_actor_critic_loss(old_log_probs=ones, **kwargs)
+    with pytest.raises(ValueError, match=r"ratio_clip must be None or > 0, got 0\.0"):
+        vtrace_actor_critic_loss(ratio_clip=0.0, old_log_probs=ones, **kwargs)
+    with pytest.raises(ValueError, match="old_log_probs has shape"):
+        vtrace_actor_critic_loss(ratio_clip=0.2, old_log_probs=torch.ones(3), **kwargs)
+
+
 def test_loss_rejects_an_all_masked_batch_and_mismatched_shapes():
     ones = torch.ones(3, 2)
     kwargs = dict(

@@ -180,6 +180,9 @@ class VTraceParams(OnPolicyAlgorithmParams):
         vtrace_lambda: V-trace's lambda (1: the paper's targets).
         advantage_normalization: standardize each gradient step's policy-gradient advantages
             (mean 0, standard deviation 1), as Tianshou's PPO does.
+        eps_clip: PPO's clipped surrogate on the V-trace advantages, ratios to the policy the
+            batch arrived to clipped to ``[1 - eps_clip, 1 + eps_clip]``; ``None``: the plain
+            IMPALA policy gradient.
     """
 
     vf_coef: float = 0.5
@@ -189,6 +192,7 @@ class VTraceParams(OnPolicyAlgorithmParams):
     clip_pg_rho_threshold: float | None = 1.0
     vtrace_lambda: float = 1.0
     advantage_normalization: bool = False
+    eps_clip: float | None = None
 
 
 @dataclass(frozen=True, kw_only=True)

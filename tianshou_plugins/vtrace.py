@@ -128,6 +128,10 @@ class VTrace(OnPolicyAlgorithm[ProbabilisticActorPolicy]):
         vtrace_lambda: trace factor lambda in [0, 1] (1 is the paper's V-trace).
         advantage_normalization: standardize the policy-gradient advantages of each gradient
             step's batch (mean 0, standard deviation 1), as Tianshou's PPO does by default.
+        eps_clip: PPO's clipped surrogate on the V-trace advantages, with ratios to the policy
+            the learner had when the batch arrived, clipped to ``[1 - eps_clip, 1 + eps_clip]``
+            (``None``: the plain IMPALA policy gradient). It bounds how far the passes over one
+            batch (``update_step_num_repetitions``) move the policy, as in Tianshou's PPO.
     """
 
     def __init__(
@@ -144,6 +148,7 @@ class VTrace(OnPolicyAlgorithm[ProbabilisticActorPolicy]):
         clip_pg_rho_threshold: float | None = 1.0,
         vtrace_lambda: float = 1.0,
         advantage_normalization: bool = False,
+        eps_clip: float | None = None,
     ) -> None:
         if not isinstance(policy, ProbabilisticActorPolicy):
             raise TypeError(
@@ -163,6 +168,8 @@ class VTrace(OnPolicyAlgorithm[ProbabilisticActorPolicy]):
             if value is not None:
                 check_real(name, value, low=0.0, strict=True)
         check_real("vtrace_lambda", vtrace_lambda, low=0.0, high=1.0)
+        if eps_clip is not None:
+            check_real("eps_clip", eps_clip, low=0.0, strict=True)
         if not isinstance(advantage_normalization, bool):
             raise TypeError(
                 f"advantage_normalization must be True or False, got {advantage_normalization!r}"
@@ -180,6 +187,7 @@ class VTrace(OnPolicyAlgorithm[ProbabilisticActorPolicy]):
         self.clip_pg_rho_threshold = clip_pg_rho_threshold
         self.vtrace_lambda = float(vtrace_lambda)
         self.advantage_normalization = advantage_normalization
+        self.eps_clip = None if eps_clip is None else float(eps_clip)
         self.weights_clock = WeightsVersion()
 
     # ---- versions -----------------------------------------------------------------------------
@@ -207,6 +215,9 @@ class VTrace(OnPolicyAlgorithm[ProbabilisticActorPolicy]):
         """``repeat`` passes over the batch's rows, ``batch_size`` env steps per gradient step
         (whole rows, at least one; ``None``: every row in one step)."""
         tensors = {key: batch[key] for key in TENSOR_KEYS}
+        if self.eps_clip is not None:  # the policy every pass's ratios are taken to
+            with torch.no_grad():
+                tensors["old_logp"] = self._log_probs_and_entropy(tensors)[0]
         num_rows = tensors["mask"].shape[1]
         real_per_row = max(int(tensors["mask"].sum()) // num_rows, 1)
         rows_per_step = num_rows if batch_size is None else max(batch_size // real_per_row, 1)
@@ -249,12 +260,9 @@ class VTrace(OnPolicyAlgorithm[ProbabilisticActorPolicy]):
 
     def compute_loss(self, batch: dict[str, torch.Tensor]) -> VTraceLoss:
         """The shared IMPALA loss on ``[T', B]`` tensors (``_tensors``' keys)."""
+        target_logp, entropy = self._log_probs_and_entropy(batch)
         num_steps, num_rows = batch["mask"].shape
         flat_obs = batch["obs"].reshape(num_steps * num_rows, *batch["obs"].shape[2:])
-        dist = self.policy.dist_fn(self.policy.actor(flat_obs, state=None, info={})[0])
-        flat_actions = batch["actions"].reshape(num_steps * num_rows, *batch["actions"].shape[2:])
-        target_logp = dist.log_prob(flat_actions).reshape(num_steps, num_rows)
-        entropy = dist.entropy().reshape(num_steps, num_rows)
         values = self.critic(flat_obs).reshape(num_steps, num_rows)
         return vtrace_actor_critic_loss(
             target_log_probs=target_logp,
@@ -272,7 +280,20 @@ class VTrace(OnPolicyAlgorithm[ProbabilisticActorPolicy]):
             clip_pg_rho_threshold=self.clip_pg_rho_threshold,
             lambda_=self.vtrace_lambda,
             normalize_advantages=self.advantage_normalization,
+            ratio_clip=self.eps_clip,
+            old_log_probs=batch.get("old_logp"),
         )
+
+    def _log_probs_and_entropy(
+        self, batch: dict[str, torch.Tensor]
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """log pi(a_t|x_t) and H(pi(.|x_t)) of the current policy, ``[T', B]`` each."""
+        num_steps, num_rows = batch["mask"].shape
+        flat_obs = batch["obs"].reshape(num_steps * num_rows, *batch["obs"].shape[2:])
+        dist = self.policy.dist_fn(self.policy.actor(flat_obs, state=None, info={})[0])
+        flat_actions = batch["actions"].reshape(num_steps * num_rows, *batch["actions"].shape[2:])
+        shape = (num_steps, num_rows)
+        return dist.log_prob(flat_actions).reshape(shape), dist.entropy().reshape(shape)
 
     # ---- the version travels with state_dict() ------------------------------------------------
     def get_extra_state(self) -> dict[str, int]:

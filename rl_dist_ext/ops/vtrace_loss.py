@@ -12,6 +12,17 @@ steps (an episode piece's final observation, padding) add nothing. With
 ``normalize_advantages``, ``A_s`` is shifted and scaled to mean 0 and standard deviation 1 over
 the batch's real steps first (as Tianshou's PPO does per minibatch): the policy's step no
 longer grows with the scale of the returns.
+
+With ``ratio_clip`` (epsilon), the policy-gradient term is PPO's clipped surrogate (Schulman et
+al. 2017, arXiv:1707.06347, eq. 7) on the V-trace advantages, as RLlib's APPO uses it:
+
+    - mean_s[ min(r_s A_s, clip(r_s, 1 - epsilon, 1 + epsilon) A_s) ],
+    r_s = pi(a_s|x_s) / pi_old(a_s|x_s),
+
+where ``pi_old`` is the policy the step is bounded around (``old_log_probs``; Tianshou's
+``VTrace`` gives the learner's policy as the batch arrived). Where ``r_s = 1`` its gradient is
+the plain term's; once a step has moved ``pi`` past the band in the direction ``A_s`` favours,
+that step adds no more gradient.
 """
 
 from __future__ import annotations
@@ -51,6 +62,8 @@ def vtrace_actor_critic_loss(
     clip_pg_rho_threshold: float | None = 1.0,
     lambda_: float = 1.0,
     normalize_advantages: bool = False,
+    ratio_clip: float | None = None,
+    old_log_probs: torch.Tensor | None = None,
 ) -> VTraceLoss:
     """The IMPALA loss on one time-major batch (see the module docstring).
 
@@ -68,15 +81,30 @@ def vtrace_actor_critic_loss(
             :func:`~rl_dist_ext.ops.vtrace.vtrace_from_importance_weights`.
         normalize_advantages: standardize the policy-gradient advantages over the real steps
             (mean 0, standard deviation 1; a batch of one real step is only centred).
+        ratio_clip: epsilon > 0 of the clipped surrogate (``None``: the plain term).
+        old_log_probs: ``[T, B]`` float, log pi_old(a_t|x_t), no gradient; needed exactly when
+            ``ratio_clip`` is given.
 
     Raises:
-        ValueError: no real step, or shapes as in the V-trace functions.
+        ValueError: no real step, ``ratio_clip`` without ``old_log_probs`` (or the other way
+            round), or shapes as in the V-trace functions.
     """
     mask = mask.to(values.dtype)
     num_real = mask.sum()
     if not num_real > 0:
         raise ValueError("mask has no real step: the loss would be empty")
-    for name, x in (("entropy", entropy), ("values", values)):
+    if (ratio_clip is None) != (old_log_probs is None):
+        raise ValueError(
+            "ratio_clip and old_log_probs go together: the clipped surrogate needs the policy it "
+            f"bounds the step around (ratio_clip={ratio_clip!r}, old_log_probs "
+            f"{'given' if old_log_probs is not None else 'missing'})"
+        )
+    if ratio_clip is not None and not ratio_clip > 0:
+        raise ValueError(f"ratio_clip must be None or > 0, got {ratio_clip!r}")
+    shaped = [("entropy", entropy), ("values", values)]
+    if old_log_probs is not None:
+        shaped.append(("old_log_probs", old_log_probs))
+    for name, x in shaped:
         if tuple(x.shape) != tuple(target_log_probs.shape):
             raise ValueError(
                 f"{name} has shape {tuple(x.shape)}, expected {tuple(target_log_probs.shape)} "
@@ -107,7 +135,14 @@ def vtrace_actor_critic_loss(
     if normalize_advantages:  # mean 0, standard deviation 1 over the real steps
         centred = torch.where(real, advantages - mean(advantages), 0.0)
         advantages = centred / (mean(centred.square()).sqrt() + 1e-8)
-    pi_loss = -mean(target_log_probs * advantages)
+    if ratio_clip is None:
+        pi_loss = -mean(target_log_probs * advantages)
+    else:
+        # where(), as in mean(): a masked step's log-probs may be -inf on both sides
+        log_ratio = torch.where(real, target_log_probs - old_log_probs.detach(), 0.0)
+        ratio = log_ratio.exp()
+        clipped = ratio.clamp(1.0 - ratio_clip, 1.0 + ratio_clip)
+        pi_loss = -mean(torch.minimum(ratio * advantages, clipped * advantages))
     vf_loss = 0.5 * mean((values - targets.vs) ** 2)
     mean_entropy = mean(entropy)
     total = pi_loss + vf_loss_coeff * vf_loss - entropy_coeff * mean_entropy
