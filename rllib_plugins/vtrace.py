@@ -107,6 +107,7 @@ class VTraceConfig(CentralInferenceSettingsMixin, IMPALAConfig):
     def __init__(self, algo_class: type | None = None) -> None:
         super().__init__(algo_class=algo_class or VTrace)
         self.vtrace_lambda = 1.0
+        self.clip_param = None  # the plain IMPALA policy gradient
         self.env_runner_cls = VTraceEnvRunner
         # Defaults for a first run on a laptop (IMPALA's own are for a cluster):
         # - central inference only where it pays: with a GPU in the cluster for the server. On
@@ -145,16 +146,28 @@ class VTraceConfig(CentralInferenceSettingsMixin, IMPALAConfig):
 
         return VTraceTorchLearner
 
-    def training(self, *, vtrace_lambda: float = NotProvided, **kwargs: Any):
-        """IMPALA's ``training()`` settings plus V-trace's lambda.
+    def training(
+        self,
+        *,
+        vtrace_lambda: float = NotProvided,
+        clip_param: float | None = NotProvided,
+        **kwargs: Any,
+    ):
+        """IMPALA's ``training()`` settings plus V-trace's lambda and a clipped surrogate.
 
         Args:
             vtrace_lambda: V-trace's trace factor in [0, 1] (1: the paper's targets; below 1 the
                 policy-gradient advantage bootstraps as rlax does).
+            clip_param: PPO's clipped surrogate on the V-trace advantages, with ratios
+                pi/mu to the behaviour policy that acted clipped to
+                ``[1 - clip_param, 1 + clip_param]``; ``None`` (the default): the plain IMPALA
+                policy gradient.
         """
         super().training(**kwargs)
         if vtrace_lambda is not NotProvided:
             self.vtrace_lambda = vtrace_lambda
+        if clip_param is not NotProvided:
+            self.clip_param = clip_param
         return self
 
     def validate(self) -> None:
@@ -170,6 +183,8 @@ class VTraceConfig(CentralInferenceSettingsMixin, IMPALAConfig):
                 f"{sorted(self.policies)} to train"
             )
         check_real("vtrace_lambda", self.vtrace_lambda, low=0.0, high=1.0)
+        if self.clip_param is not None:
+            check_real("clip_param", self.clip_param, low=0.0, strict=True)
         for name in ("vtrace_clip_rho_threshold", "vtrace_clip_pg_rho_threshold"):
             if getattr(self, name) is not None:  # None: no clipping
                 check_real(name, getattr(self, name), low=0.0, strict=True)

@@ -136,9 +136,10 @@ class VTraceTorchLearner(OptimizeTrainedModulesOnly, IMPALATorchLearner):
         bootstrap = torch.cat([values_tm[0][1:], values_tm[0][:1]], dim=0)
         terminated_tm = time_major(batch[Columns.TERMINATEDS]).float()
         entropy_coeff = self.entropy_coeff_schedulers_per_module[module_id].get_current_value()
+        behaviour_logp = time_major(batch[Columns.ACTION_LOGP])
         loss = vtrace_actor_critic_loss(
             target_log_probs=time_major(dist.logp(batch[Columns.ACTIONS])),
-            behaviour_log_probs=time_major(batch[Columns.ACTION_LOGP]),
+            behaviour_log_probs=behaviour_logp,
             entropy=time_major(dist.entropy()),
             values=values_tm,
             bootstrap_value=bootstrap.detach(),
@@ -152,6 +153,8 @@ class VTraceTorchLearner(OptimizeTrainedModulesOnly, IMPALATorchLearner):
             clip_rho_threshold=config.vtrace_clip_rho_threshold,
             clip_pg_rho_threshold=config.vtrace_clip_pg_rho_threshold,
             lambda_=config.vtrace_lambda,
+            ratio_clip=config.clip_param,
+            old_log_probs=None if config.clip_param is None else behaviour_logp,
         )
         self.metrics.log_dict(
             {

@@ -35,8 +35,16 @@ CLIP_RHO = 1.5
 CLIP_PG_RHO = 1.0
 
 
-def loss_settings(config, *, vtrace_lambda: float | None, clip_rho=CLIP_RHO, clip_pg=CLIP_PG_RHO):
+def loss_settings(
+    config,
+    *,
+    vtrace_lambda: float | None,
+    clip_rho=CLIP_RHO,
+    clip_pg=CLIP_PG_RHO,
+    clip_param: float | None = None,
+):
     training = {
+        "clip_param": clip_param,
         "gamma": GAMMA,
         "vf_loss_coeff": VF_LOSS_COEFF,
         "entropy_coeff": ENTROPY_COEFF,
@@ -132,7 +140,14 @@ def learner_loss(learner, batch) -> torch.Tensor:
 
 
 def reference_loss(
-    module, batch, pieces, *, vtrace_lambda: float, clip_rho=CLIP_RHO, clip_pg=CLIP_PG_RHO
+    module,
+    batch,
+    pieces,
+    *,
+    vtrace_lambda: float,
+    clip_rho=CLIP_RHO,
+    clip_pg=CLIP_PG_RHO,
+    clip_param: float | None = None,
 ) -> tuple[torch.Tensor, dict]:
     """The V-trace loss from the episode structure, with the paper's per-segment double sum
     (tests/vtrace_reference.py), knowing nothing of masks or of RLlib's extra step.
@@ -141,6 +156,7 @@ def reference_loss(
     "truncated" (by the env or at a rollout-fragment cut); the piece's final observation sits
     right after its last real step. The learner cuts the flat batch into rows of ``FRAGMENT``
     steps: a row end inside a piece cuts its trace there, bootstrapping from the next step.
+    With ``clip_param``, each step's policy term is PPO's min(r A, clip(r) A), r = pi / mu.
     """
     with torch.no_grad():
         logits = module.forward_train(batch)[Columns.ACTION_DIST_INPUTS]
@@ -169,7 +185,13 @@ def reference_loss(
                 clip_pg_rho_threshold=clip_pg,
                 lambda_=vtrace_lambda,
             )
-            pg_terms.append(-(target_logp[a:b].double() * torch.from_numpy(pg)).sum())
+            advantage = torch.from_numpy(pg)
+            if clip_param is None:
+                pg_terms.append(-(target_logp[a:b].double() * advantage).sum())
+            else:
+                ratio = (target_logp[a:b] - batch[Columns.ACTION_LOGP][a:b]).double().exp()
+                bounded = ratio.clamp(1 - clip_param, 1 + clip_param)
+                pg_terms.append(-torch.minimum(ratio * advantage, bounded * advantage).sum())
             vf_terms.append(0.5 * ((values[a:b] - torch.from_numpy(vs)) ** 2).sum())
         ent_terms.append(entropy[start:stop].sum())
         rhos.append(log_rhos[start:stop].exp())
@@ -231,6 +253,26 @@ def test_clip_thresholds_of_none_mean_no_clipping(make_learner):
     assert (parts["rhos"] > CLIP_RHO).any()  # clipping would change the loss
     torch.testing.assert_close(loss, unclipped, rtol=1e-5, atol=1e-6)
     assert not torch.allclose(loss, reference_loss(module, batch, pieces, vtrace_lambda=0.9)[0])
+
+
+def test_clip_param_bounds_the_policy_term_around_the_behaviour_policy(make_learner):
+    """With ``clip_param`` the loss is the reference's with PPO's clipped surrogate, ratios
+    pi/mu to the behaviour log-probs the runners recorded (the batch's ratios fall on both
+    sides of the band); without it, the plain term."""
+    from rllib_plugins import VTraceConfig
+
+    torch.manual_seed(0)
+    learner = make_learner(loss_settings(VTraceConfig(), vtrace_lambda=0.9, clip_param=0.1))
+    assert learner.config.clip_param == 0.1
+    batch = impala_layout_batch()
+    module = learner.module[DEFAULT_MODULE_ID]
+    pieces = impala_layout_pieces()
+    loss = learner_loss(learner, batch)
+    expected, parts = reference_loss(module, batch, pieces, vtrace_lambda=0.9, clip_param=0.1)
+    assert (parts["rhos"] > 1.1).any() and (parts["rhos"] < 0.9).any()
+    torch.testing.assert_close(loss, expected, rtol=1e-5, atol=1e-6)
+    plain = reference_loss(module, batch, pieces, vtrace_lambda=0.9)[0]
+    assert not torch.allclose(loss, plain)
 
 
 def test_rllib_impala_drops_the_bootstrap_at_piece_ends_and_vtrace_does_not(make_learner):
@@ -410,6 +452,8 @@ def test_registered_with_tune_and_rllib():
         (lambda c: c.training(vtrace_clip_rho_threshold=-1.0), "vtrace_clip_rho_threshold"),
         (lambda c: c.training(vtrace_clip_pg_rho_threshold=0.0), "vtrace_clip_pg_rho_threshold"),
         (lambda c: c.training(vtrace_clip_pg_rho_threshold=-2), "vtrace_clip_pg_rho_threshold"),
+        (lambda c: c.training(clip_param=0.0), "clip_param"),
+        (lambda c: c.training(clip_param=float("nan")), "clip_param"),
         (lambda c: c.central_inference(max_batch_size=0), "max_batch_size"),
         (lambda c: c.central_inference(max_batch_size=2.5), "max_batch_size"),
         (lambda c: c.central_inference(max_wait_ms=-1.0), "max_wait_ms"),

@@ -149,6 +149,7 @@ class VTrace(OnPolicyAlgorithm[ProbabilisticActorPolicy]):
         vtrace_lambda: float = 1.0,
         advantage_normalization: bool = False,
         eps_clip: float | None = None,
+        clip_around: str = "arrival",
     ) -> None:
         if not isinstance(policy, ProbabilisticActorPolicy):
             raise TypeError(
@@ -188,6 +189,9 @@ class VTrace(OnPolicyAlgorithm[ProbabilisticActorPolicy]):
         self.vtrace_lambda = float(vtrace_lambda)
         self.advantage_normalization = advantage_normalization
         self.eps_clip = None if eps_clip is None else float(eps_clip)
+        if clip_around not in ("arrival", "behaviour"):
+            raise ValueError(f"clip_around must be 'arrival' or 'behaviour', got {clip_around!r}")
+        self.clip_around = clip_around
         self.weights_clock = WeightsVersion()
 
     # ---- versions -----------------------------------------------------------------------------
@@ -215,7 +219,9 @@ class VTrace(OnPolicyAlgorithm[ProbabilisticActorPolicy]):
         """``repeat`` passes over the batch's rows, ``batch_size`` env steps per gradient step
         (whole rows, at least one; ``None``: every row in one step)."""
         tensors = {key: batch[key] for key in TENSOR_KEYS}
-        if self.eps_clip is not None:  # the policy every pass's ratios are taken to
+        if self.eps_clip is not None and self.clip_around == "behaviour":
+            tensors["old_logp"] = tensors["behaviour_logp"]
+        elif self.eps_clip is not None:  # the policy every pass's ratios are taken to
             with torch.no_grad():
                 tensors["old_logp"] = self._log_probs_and_entropy(tensors)[0]
         num_rows = tensors["mask"].shape[1]
