@@ -236,6 +236,29 @@ def test_eps_clip_bounds_every_pass_around_the_policy_the_batch_arrived_to():
     assert ((ratios < 0.9) | (ratios > 1.1)).any()  # by the third pass the clip binds
 
 
+def test_clip_around_behaviour_takes_the_ratios_to_the_actors_log_probs():
+    """``clip_around="behaviour"``: every step's ratios are to the behaviour log-probs the
+    actors recorded (as RLlib VTrace's ``clip_param``), not to the learner's policy."""
+    from rl_dist_ext.impala import time_major_batch
+
+    algo = make_algo(seed=5, eps_clip=0.1, clip_around="behaviour")
+    trajectory = random_trajectory(7, num_envs=4)
+    behaviour = algo._tensors(time_major_batch([trajectory]))["behaviour_logp"]
+    seen = []
+    compute_loss = algo.compute_loss
+
+    def recording(batch):
+        seen.append(batch["old_logp"].clone())
+        return compute_loss(batch)
+
+    algo.compute_loss = recording
+    with policy_within_training_step(algo.policy):
+        algo.update(buffer_of([trajectory]), batch_size=None, repeat=2)
+    assert len(seen) == 2
+    for old in seen:
+        torch.testing.assert_close(old, behaviour)
+
+
 def test_state_dict_round_trips_the_version_and_moves_it_on():
     algo = make_algo()
     buffer = buffer_of([random_trajectory(1)])
@@ -262,6 +285,7 @@ def test_state_dict_round_trips_the_version_and_moves_it_on():
         ({"vtrace_lambda": 2.0}, ValueError, "vtrace_lambda"),
         ({"advantage_normalization": "yes"}, TypeError, "advantage_normalization"),
         ({"eps_clip": 0.0}, ValueError, "eps_clip"),
+        ({"clip_around": "target"}, ValueError, "clip_around must be 'arrival' or 'behaviour'"),
         ({"critic": "not a network"}, TypeError, "critic"),
     ],
 )

@@ -183,6 +183,8 @@ class VTraceParams(OnPolicyAlgorithmParams):
         eps_clip: PPO's clipped surrogate on the V-trace advantages, ratios to the policy the
             batch arrived to clipped to ``[1 - eps_clip, 1 + eps_clip]``; ``None``: the plain
             IMPALA policy gradient.
+        clip_around: ``"arrival"`` (the learner's policy as the batch arrived) or
+            ``"behaviour"`` (the actors' that acted): the policy ``eps_clip``'s ratios are to.
     """
 
     vf_coef: float = 0.5
@@ -193,6 +195,7 @@ class VTraceParams(OnPolicyAlgorithmParams):
     vtrace_lambda: float = 1.0
     advantage_normalization: bool = False
     eps_clip: float | None = None
+    clip_around: str = "arrival"
 
 
 @dataclass(frozen=True, kw_only=True)

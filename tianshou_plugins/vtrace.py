@@ -132,6 +132,9 @@ class VTrace(OnPolicyAlgorithm[ProbabilisticActorPolicy]):
             the learner had when the batch arrived, clipped to ``[1 - eps_clip, 1 + eps_clip]``
             (``None``: the plain IMPALA policy gradient). It bounds how far the passes over one
             batch (``update_step_num_repetitions``) move the policy, as in Tianshou's PPO.
+        clip_around: the policy ``eps_clip``'s ratios are taken to: ``"arrival"`` (the
+            learner's as the batch arrived) or ``"behaviour"`` (the actors' that acted, whose
+            log-probs ride with the trajectories; RLlib VTrace's ``clip_param`` does this).
     """
 
     def __init__(
