@@ -1,17 +1,18 @@
 """IMPALA / V-trace on CartPole-v1 with Tianshou, on a local Ray instance.
 
 ``--num-actors`` Ray actors each run Tianshou's own ``Collector`` over ``--envs-per-actor`` envs
-with a local copy of the policy and hand fixed-length trajectories (with the behaviour
-log-probs and the weights version that acted) to the learner in this process, which corrects
-for their policy lag with V-trace and publishes weights the actors pull. Tianshou's
+with a local copy of the policy and hand fixed-length trajectories (with the behaviour log-probs
+and the weights version that acted) to the learner in this process, which corrects for their
+policy lag with V-trace (and, by default, bounds how far each update's passes move the policy
+with PPO's clipped surrogate, ``--eps-clip``) and publishes weights the actors pull. Tianshou's
 ``OnPolicyTrainer`` drives it unchanged (``algorithm.run_training``): a progress bar, a greedy
 test (10 episodes) every ``--epoch-steps`` env steps, and a checkpoint before each test. A
 ``TensorboardLogger`` writes under ``--out``/tb (throughput, policy lag, queue fill, losses,
-mean importance ratio); the script trains to ``--env-steps`` (``--stop-at-target``: to the
-first test at ``--target-return``), then says what the run kept after its first test at the
-target, prints the final greedy return (10 episodes) and writes a learning curve PNG under
-``--out``. ``--central`` runs SEED mode: one inference server acts for every
-actor (the actors hold no weights).
+mean importance ratio); the script trains to ``--env-steps`` (``--stop-at-target``: to the first
+test at ``--target-return``), then says what the run kept after its first test at the target,
+prints the final greedy return (10 episodes) and writes a learning curve PNG under ``--out``.
+``--central`` runs SEED mode: one inference server acts for every actor (the actors hold no
+weights).
 
     .venv/bin/python examples/tianshou_vtrace_cartpole.py [--env-steps 300000] [--central]
         [--stop-at-target]
@@ -49,14 +50,18 @@ from tianshou_plugins import CentralInference, VTrace, VTraceCollector, mlp_acto
 log = logging.getLogger("tianshou_vtrace_cartpole")
 
 ENV = "CartPole-v1"
+#: env steps per update, each taken in --repeat passes of --batch-size steps under PPO's clip:
+#: the retention race's choice (docs/benchmarks.md, "Retention after the target")
+COLLECT_STEPS = 2_048
 
 
 def make_env() -> gym.Env:
     return gym.make(ENV)
 
 
-def make_algorithm(env: gym.Env, *, lr: float) -> VTrace:
-    """A discrete actor (logits) and a critic, each a 64-64 MLP, trained with V-trace."""
+def make_algorithm(env: gym.Env, *, lr: float, eps_clip: float | None) -> VTrace:
+    """A discrete actor (logits) and a critic, each a 64-64 MLP, trained with V-trace and, with
+    ``eps_clip``, PPO's clipped surrogate on the V-trace advantages."""
     policy, critic = mlp_actor_critic(env.observation_space, env.action_space, (64, 64))
     return VTrace(
         policy=policy,
@@ -66,6 +71,7 @@ def make_algorithm(env: gym.Env, *, lr: float) -> VTrace:
         ent_coef=0.01,
         max_grad_norm=40.0,
         gamma=0.99,
+        eps_clip=eps_clip,
     )
 
 
@@ -76,9 +82,18 @@ def main() -> None:
     parser.add_argument("--envs-per-actor", type=int, default=8)
     parser.add_argument("--steps-per-env", type=int, default=32, help="trajectory length T")
     parser.add_argument("--cpus-per-actor", type=float, default=0.25, help="Ray CPUs reserved")
-    parser.add_argument("--lr", type=float, default=1e-3)
-    parser.add_argument("--batch-size", type=int, default=512, help="env steps per gradient step")
-    parser.add_argument("--collect-steps", type=int, default=512, help="env steps per update")
+    parser.add_argument("--lr", type=float, default=3e-4)
+    parser.add_argument("--batch-size", type=int, default=128, help="env steps per gradient step")
+    parser.add_argument(
+        "--collect-steps", type=int, default=COLLECT_STEPS, help="env steps per update"
+    )
+    parser.add_argument("--repeat", type=int, default=4, help="passes over each update's steps")
+    parser.add_argument(
+        "--eps-clip",
+        type=float,
+        default=0.1,
+        help="PPO's clipped surrogate on the V-trace advantages (0: IMPALA's plain loss)",
+    )
     parser.add_argument("--epoch-steps", type=int, default=20_000, help="env steps per test")
     parser.add_argument("--target-return", type=float, default=475.0)
     parser.add_argument(
@@ -98,7 +113,7 @@ def main() -> None:
     start_ray(args.address)
 
     env = make_env()
-    algorithm = make_algorithm(env, lr=args.lr)
+    algorithm = make_algorithm(env, lr=args.lr, eps_clip=args.eps_clip or None)
     env.close()
     collector = test_collector = None
     checkpoint_dir = (args.out / "checkpoint").resolve()
@@ -112,7 +127,7 @@ def main() -> None:
             "server batch": "inference/mean_batch_rows",
         },
         training_interval=1_000,
-        update_interval=10,  # gradient steps (one per --batch-size env steps)
+        update_interval=10,  # gradient steps (--repeat per --batch-size env steps)
         save_interval=1,
     )
 
@@ -146,7 +161,7 @@ def main() -> None:
                     epoch_num_steps=args.epoch_steps,
                     collection_step_num_env_steps=args.collect_steps,
                     batch_size=args.batch_size,
-                    update_step_num_repetitions=1,
+                    update_step_num_repetitions=args.repeat,
                     test_step_num_episodes=10,
                     stop_fn=stop_at(args.target_return, args.stop_at_target),
                     save_checkpoint_fn=save_checkpoint,
