@@ -44,7 +44,6 @@ def loss_settings(
     clip_param: float | None = None,
 ):
     training = {
-        "clip_param": clip_param,
         "gamma": GAMMA,
         "vf_loss_coeff": VF_LOSS_COEFF,
         "entropy_coeff": ENTROPY_COEFF,
@@ -53,6 +52,8 @@ def loss_settings(
     }
     if vtrace_lambda is not None:
         training["vtrace_lambda"] = vtrace_lambda
+    if clip_param is not None:  # VTrace's own setting (RLlib's IMPALA has none)
+        training["clip_param"] = clip_param
     return (
         config.environment("CartPole-v1")
         .framework("torch")

@@ -174,6 +174,8 @@ class VTrace(OnPolicyAlgorithm[ProbabilisticActorPolicy]):
         check_real("vtrace_lambda", vtrace_lambda, low=0.0, high=1.0)
         if eps_clip is not None:
             check_real("eps_clip", eps_clip, low=0.0, strict=True)
+        if clip_around not in ("arrival", "behaviour"):
+            raise ValueError(f"clip_around must be 'arrival' or 'behaviour', got {clip_around!r}")
         if not isinstance(advantage_normalization, bool):
             raise TypeError(
                 f"advantage_normalization must be True or False, got {advantage_normalization!r}"
@@ -192,8 +194,6 @@ class VTrace(OnPolicyAlgorithm[ProbabilisticActorPolicy]):
         self.vtrace_lambda = float(vtrace_lambda)
         self.advantage_normalization = advantage_normalization
         self.eps_clip = None if eps_clip is None else float(eps_clip)
-        if clip_around not in ("arrival", "behaviour"):
-            raise ValueError(f"clip_around must be 'arrival' or 'behaviour', got {clip_around!r}")
         self.clip_around = clip_around
         self.weights_clock = WeightsVersion()
 
