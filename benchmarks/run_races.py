@@ -73,7 +73,11 @@ QUEUE = (
     Queued("tianshou_gorila_vs_dqn.py", extra=("--throughput-actors",)),
     Queued("rllib_gorila_vs_dqn.py", "cartpole"),
     Queued("rllib_gorila_vs_dqn.py", "acrobot"),
-    Queued("rllib_vtrace_vs_appo.py", "cartpole"),
+    Queued(
+        "rllib_vtrace_vs_appo.py",
+        "cartpole",
+        arms=("VTrace central", "VTrace local", "APPO", "IMPALA"),
+    ),
     Queued("tianshou_vtrace_vs_ppo.py", "cartpole", arms=("VTrace", "VTrace SEED", "PPO", "A2C")),
     Queued("multi_agent_tictactoe.py", "rllib"),
     Queued("multi_agent_tictactoe.py", "tianshou"),
@@ -99,7 +103,7 @@ QUEUE = (
         "rllib_vtrace_vs_appo.py",
         "cartpole",
         retention=True,
-        arms=("VTrace local", "IMPALA"),
+        arms=("VTrace local", "IMPALA", "VTrace local clip 0.2"),
         cap_s=150.0,
     ),
     # the GorilaDQN pairs: their baselines take 3-4 minutes to the target (IQM 213 s and 179 s)
