@@ -129,7 +129,9 @@ def test_builder_runs_vtrace_experiment_in_seed_mode_and_closes_cleanly(ray_sess
                 test_step_num_episodes=2,
             ),
         )
-        .with_vtrace_params(VTraceParams(lr=1e-3, vf_coef=0.5, ent_coef=0.01, eps_clip=0.2))
+        .with_vtrace_params(
+            VTraceParams(lr=1e-3, vf_coef=0.5, ent_coef=0.01, eps_clip=0.2, clip_around="behaviour")
+        )
         .with_vtrace_actors(
             VTraceActorParams(
                 actors=ActorFleet(
@@ -150,7 +152,7 @@ def test_builder_runs_vtrace_experiment_in_seed_mode_and_closes_cleanly(ray_sess
     world = result.world
     try:
         assert isinstance(world.algorithm, VTrace)
-        assert world.algorithm.eps_clip == 0.2  # every VTraceParams field reaches VTrace
+        assert (world.algorithm.eps_clip, world.algorithm.clip_around) == (0.2, "behaviour")
         assert isinstance(world.training_collector, VTraceCollector)
         assert world.training_collector.env.inference is not None
         assert world.training_collector.collect_step >= 1_024
@@ -166,7 +168,7 @@ def test_vtrace_params_are_validated():
     from tianshou.highlevel.env import EnvFactoryRegistered, VectorEnvType
 
     from tianshou_plugins import VTRACE_FLEET, ActorFleet
-    from tianshou_plugins.highlevel import VTraceActorParams, VTraceExperimentBuilder
+    from tianshou_plugins.highlevel import VTraceActorParams, VTraceExperimentBuilder, VTraceParams
 
     assert VTraceActorParams().actors == VTRACE_FLEET
     with pytest.raises(TypeError, match="actors must be an ActorFleet"):
@@ -175,6 +177,13 @@ def test_vtrace_params_are_validated():
         VTraceActorParams(actors=ActorFleet(num_actors=4), max_trajectories_per_collect=3)
     with pytest.raises(TypeError, match="CentralInference"):
         VTraceActorParams(central_inference={"max_batch_size": 8})
+    # the clipped surrogate's settings are refused as the params are made, before any build
+    with pytest.raises(ValueError, match="eps_clip"):
+        VTraceParams(eps_clip=-0.1)
+    with pytest.raises(ValueError, match="clip_around must be 'arrival' or 'behaviour'"):
+        VTraceParams(eps_clip=0.1, clip_around="target")
+    with pytest.raises(ValueError, match="clip_around='behaviour' needs eps_clip"):
+        VTraceParams(clip_around="behaviour")
     builder = VTraceExperimentBuilder(
         EnvFactoryRegistered(task="CartPole-v1", venv_type=VectorEnvType.DUMMY)
     )

@@ -286,6 +286,7 @@ def test_state_dict_round_trips_the_version_and_moves_it_on():
         ({"advantage_normalization": "yes"}, TypeError, "advantage_normalization"),
         ({"eps_clip": 0.0}, ValueError, "eps_clip"),
         ({"clip_around": "target"}, ValueError, "clip_around must be 'arrival' or 'behaviour'"),
+        ({"clip_around": "behaviour"}, ValueError, "clip_around='behaviour' needs eps_clip"),
         ({"critic": "not a network"}, TypeError, "critic"),
     ],
 )

@@ -306,6 +306,18 @@ def test_clipped_surrogate_equals_the_step_by_step_reference_with_its_gradient()
     # the value and entropy terms take no gradient in log pi (V-trace's targets are detached)
     np.testing.assert_allclose(target_logp.grad.numpy(), grad, rtol=1e-10, atol=1e-15)
 
+    # -inf log-probs at masked steps on both sides (padding): same loss, finite gradients, 0 there
+    leaf = torch.tensor(logp, requires_grad=True)
+    padded = vtrace_actor_critic_loss(
+        target_log_probs=torch.where(mask, leaf, minus_inf),
+        ratio_clip=epsilon,
+        old_log_probs=old,
+        **kwargs,
+    )
+    padded.total.backward()
+    np.testing.assert_allclose(padded.total.item(), clipped.total.item(), rtol=1e-12)
+    assert torch.isfinite(leaf.grad).all() and torch.all(leaf.grad[~mask] == 0)
+
     at_old = torch.tensor(logp, requires_grad=True)  # pi_old = pi: r = 1 everywhere
     plain_logp = torch.tensor(logp, requires_grad=True)
     vtrace_actor_critic_loss(
@@ -335,6 +347,8 @@ def test_clipped_surrogate_needs_its_old_log_probs_and_a_positive_clip():
         vtrace_actor_critic_loss(old_log_probs=ones, **kwargs)
     with pytest.raises(ValueError, match=r"ratio_clip must be None or > 0, got 0\.0"):
         vtrace_actor_critic_loss(ratio_clip=0.0, old_log_probs=ones, **kwargs)
+    with pytest.raises(ValueError, match="ratio_clip must be None or > 0, got True"):
+        vtrace_actor_critic_loss(ratio_clip=True, old_log_probs=ones, **kwargs)
     with pytest.raises(ValueError, match="old_log_probs has shape"):
         vtrace_actor_critic_loss(ratio_clip=0.2, old_log_probs=torch.ones(3), **kwargs)
 

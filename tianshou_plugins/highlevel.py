@@ -62,7 +62,7 @@ from tianshou_plugins.buffer import DistributedPrioritizedReplayBuffer
 from tianshou_plugins.central_inference import CentralInference
 from tianshou_plugins.collector import GorilaCollector
 from tianshou_plugins.gorila_dqn import GorilaDQN
-from tianshou_plugins.vtrace import VTrace
+from tianshou_plugins.vtrace import VTrace, check_clip_settings
 from tianshou_plugins.vtrace_collector import VTraceCollector, check_trajectories_per_collect
 
 
@@ -196,6 +196,9 @@ class VTraceParams(OnPolicyAlgorithmParams):
     advantage_normalization: bool = False
     eps_clip: float | None = None
     clip_around: str = "arrival"
+
+    def __post_init__(self) -> None:
+        check_clip_settings(self.eps_clip, self.clip_around)
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -50,6 +50,20 @@ TENSOR_KEYS = ("obs", "actions", "rewards", "discounts", "behaviour_logp", "mask
 TRAJECTORY_FIELDS = ("logp", "row", "t", "version")
 
 
+def check_clip_settings(eps_clip: float | None, clip_around: str) -> None:
+    """``VTrace``'s clipped-surrogate settings, refused by name (also checked by
+    ``VTraceParams`` before an experiment builds anything)."""
+    if eps_clip is not None:
+        check_real("eps_clip", eps_clip, low=0.0, strict=True)
+    if clip_around not in ("arrival", "behaviour"):
+        raise ValueError(f"clip_around must be 'arrival' or 'behaviour', got {clip_around!r}")
+    if eps_clip is None and clip_around != "arrival":
+        raise ValueError(
+            f"clip_around={clip_around!r} needs eps_clip: without it the loss has no ratio "
+            "to take (eps_clip=None is IMPALA's plain policy gradient)"
+        )
+
+
 def categorical_from_logits(logits: torch.Tensor) -> torch.distributions.Categorical:
     """``dist_fn`` for a discrete ``ProbabilisticActorPolicy`` whose actor outputs logits
     (e.g. ``DiscreteActor(..., softmax_output=False)``); importable, so actors unpickle it."""
@@ -172,10 +186,7 @@ class VTrace(OnPolicyAlgorithm[ProbabilisticActorPolicy]):
             if value is not None:
                 check_real(name, value, low=0.0, strict=True)
         check_real("vtrace_lambda", vtrace_lambda, low=0.0, high=1.0)
-        if eps_clip is not None:
-            check_real("eps_clip", eps_clip, low=0.0, strict=True)
-        if clip_around not in ("arrival", "behaviour"):
-            raise ValueError(f"clip_around must be 'arrival' or 'behaviour', got {clip_around!r}")
+        check_clip_settings(eps_clip, clip_around)
         if not isinstance(advantage_normalization, bool):
             raise TypeError(
                 f"advantage_normalization must be True or False, got {advantage_normalization!r}"

@@ -14,15 +14,19 @@ the batch's real steps first (as Tianshou's PPO does per minibatch): the policy'
 longer grows with the scale of the returns.
 
 With ``ratio_clip`` (epsilon), the policy-gradient term is PPO's clipped surrogate (Schulman et
-al. 2017, arXiv:1707.06347, eq. 7) on the V-trace advantages, as RLlib's APPO uses it:
+al. 2017, arXiv:1707.06347, eq. 7) on the V-trace advantages above:
 
     - mean_s[ min(r_s A_s, clip(r_s, 1 - epsilon, 1 + epsilon) A_s) ],
     r_s = pi(a_s|x_s) / pi_old(a_s|x_s),
 
-where ``pi_old`` is the policy the step is bounded around (``old_log_probs``; Tianshou's
-``VTrace`` gives the learner's policy as the batch arrived). Where ``r_s = 1`` its gradient is
-the plain term's; once a step has moved ``pi`` past the band in the direction ``A_s`` favours,
-that step adds no more gradient.
+where ``pi_old`` is the policy the step is bounded around (``old_log_probs``). Where
+``r_s = 1`` its gradient is the plain term's; once a step has moved ``pi`` past the band in the
+direction ``A_s`` favours, that step adds no more gradient. ``A_s`` keeps V-trace's weight
+``min(rho_bar_pg, pi/mu)`` for the current ``pi``, so inside the band a step's gradient is
+weighted ``r_s min(rho_bar_pg, pi/mu)``: about ``pi/mu`` when ``pi_old`` is the learner's policy
+as the batch arrived (Tianshou's default), ``(pi/mu) min(1, pi/mu)`` when it is the behaviour
+policy ``mu`` itself. RLlib's APPO instead computes its advantages for ``pi_old`` (a target
+network), which weighs each step by ``pi/mu`` once.
 """
 
 from __future__ import annotations
@@ -99,7 +103,7 @@ def vtrace_actor_critic_loss(
             f"bounds the step around (ratio_clip={ratio_clip!r}, old_log_probs "
             f"{'given' if old_log_probs is not None else 'missing'})"
         )
-    if ratio_clip is not None and not ratio_clip > 0:
+    if ratio_clip is not None and (isinstance(ratio_clip, bool) or not ratio_clip > 0):
         raise ValueError(f"ratio_clip must be None or > 0, got {ratio_clip!r}")
     shaped = [("entropy", entropy), ("values", values)]
     if old_log_probs is not None:
@@ -138,9 +142,10 @@ def vtrace_actor_critic_loss(
     if ratio_clip is None:
         pi_loss = -mean(target_log_probs * advantages)
     else:
-        # where(), as in mean(): a masked step's log-probs may be -inf on both sides
+        # where(), as in mean(): a masked step's log-probs may be -inf on both sides; the cap
+        # keeps exp() finite (a step whose ratio passes e^20 takes no gradient)
         log_ratio = torch.where(real, target_log_probs - old_log_probs.detach(), 0.0)
-        ratio = log_ratio.exp()
+        ratio = log_ratio.clamp(max=20.0).exp()
         clipped = ratio.clamp(1.0 - ratio_clip, 1.0 + ratio_clip)
         pi_loss = -mean(torch.minimum(ratio * advantages, clipped * advantages))
     vf_loss = 0.5 * mean((values - targets.vs) ** 2)
