@@ -327,7 +327,9 @@ def test_clipped_surrogate_equals_the_step_by_step_reference_with_its_gradient()
     np.testing.assert_allclose(at_old.grad.numpy(), plain_logp.grad.numpy(), rtol=1e-12)
 
 
-def test_clipped_surrogate_needs_its_old_log_probs_and_a_positive_clip():
+def all_ones_inputs() -> tuple[torch.Tensor, dict]:
+    """A ``[3, 2]`` tensor of ones and the loss's inputs made of it (all but ``mask``), for the
+    tests of what the loss refuses."""
     ones = torch.ones(3, 2)
     kwargs = dict(
         target_log_probs=ones,
@@ -337,10 +339,15 @@ def test_clipped_surrogate_needs_its_old_log_probs_and_a_positive_clip():
         bootstrap_value=torch.ones(2),
         rewards=ones,
         discounts=ones,
-        mask=torch.ones(3, 2),
         vf_loss_coeff=0.5,
         entropy_coeff=0.0,
     )
+    return ones, kwargs
+
+
+def test_clipped_surrogate_needs_its_old_log_probs_and_a_positive_clip():
+    ones, inputs = all_ones_inputs()
+    kwargs = {**inputs, "mask": torch.ones(3, 2)}
     with pytest.raises(ValueError, match="old_log_probs missing"):
         vtrace_actor_critic_loss(ratio_clip=0.2, **kwargs)
     with pytest.raises(ValueError, match="ratio_clip=None"):
@@ -354,18 +361,7 @@ def test_clipped_surrogate_needs_its_old_log_probs_and_a_positive_clip():
 
 
 def test_loss_rejects_an_all_masked_batch_and_mismatched_shapes():
-    ones = torch.ones(3, 2)
-    kwargs = dict(
-        target_log_probs=ones,
-        behaviour_log_probs=ones,
-        entropy=ones,
-        values=ones,
-        bootstrap_value=torch.ones(2),
-        rewards=ones,
-        discounts=ones,
-        vf_loss_coeff=0.5,
-        entropy_coeff=0.0,
-    )
+    _, kwargs = all_ones_inputs()
     with pytest.raises(ValueError, match="no real step"):
         vtrace_actor_critic_loss(mask=torch.zeros(3, 2), **kwargs)
     with pytest.raises(ValueError, match="entropy has shape"):
