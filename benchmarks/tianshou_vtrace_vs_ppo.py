@@ -148,6 +148,7 @@ def vtrace_arm(
     eps_clip: float | None = None,
     vtrace_lambda: float = 1.0,
     clip_around: str = "arrival",
+    targets_for: str = "current",
 ) -> dict:
     """One VTrace run (the harness started Ray in this process); each actor steps its envs
     as ``env_stepping`` says (``ActorFleet.env_stepping``)."""
@@ -168,6 +169,7 @@ def vtrace_arm(
             eps_clip=eps_clip,
             vtrace_lambda=vtrace_lambda,
             clip_around=clip_around,
+            targets_for=targets_for,
         )
         collector = VTraceCollector(
             algorithm,
@@ -500,6 +502,25 @@ ABLATIONS = (
         "clip 0.1 + batch 256",
         {"eps_clip": 0.1, "batch_size": 256},
         "the clipped surrogate in gradient steps of 256 env steps: half as many, less noisy",
+    ),
+    # then APPO's form: V-trace's targets for the policy the clip bounds the step around, so
+    # a step is weighed by its importance ratio once (the forms above weigh the current one)
+    (
+        "clip 0.1, APPO targets",
+        {"eps_clip": 0.1, "targets_for": "old"},
+        "the clipped surrogate with V-trace's targets and advantages computed for the policy "
+        "each batch arrived to (RLlib's APPO computes them for its target network)",
+    ),
+    (
+        "clip 0.1 around behaviour, APPO targets",
+        {"eps_clip": 0.1, "clip_around": "behaviour", "targets_for": "old"},
+        "the clipped surrogate around the actors' policy with the targets computed for it: "
+        "PPO's objective on lambda-returns (no trace is cut)",
+    ),
+    (
+        "clip 0.2, APPO targets",
+        {"eps_clip": 0.2, "targets_for": "old"},
+        "APPO's form with its own band of [0.8, 1.2], around the policy each batch arrived to",
     ),
 )
 #: env steps between tests per race: the ``slow`` race's runs reach the target in a few

@@ -43,6 +43,7 @@ from ray.rllib.utils.metrics import (
 )
 from ray.tune.execution.placement_groups import PlacementGroupFactory
 
+from rl_dist_ext.ops.vtrace_loss import check_targets_for
 from rl_dist_ext.params import policy_lag
 from rl_dist_ext.validation import check_real
 from rllib_plugins.central_inference import (
@@ -108,6 +109,7 @@ class VTraceConfig(CentralInferenceSettingsMixin, IMPALAConfig):
         super().__init__(algo_class=algo_class or VTrace)
         self.vtrace_lambda = 1.0
         self.clip_param = None  # the plain IMPALA policy gradient
+        self.targets_for = "current"  # V-trace's targets for the learner's policy (IMPALA's)
         self.env_runner_cls = VTraceEnvRunner
         # Defaults for a first run on a laptop (IMPALA's own are for a cluster):
         # - central inference only where it pays: with a GPU in the cluster for the server. On
@@ -151,6 +153,7 @@ class VTraceConfig(CentralInferenceSettingsMixin, IMPALAConfig):
         *,
         vtrace_lambda: float = NotProvided,
         clip_param: float | None = NotProvided,
+        targets_for: str = NotProvided,
         **kwargs: Any,
     ):
         """IMPALA's ``training()`` settings plus V-trace's lambda and a clipped surrogate.
@@ -162,12 +165,19 @@ class VTraceConfig(CentralInferenceSettingsMixin, IMPALAConfig):
                 pi/mu to the behaviour policy that acted clipped to
                 ``[1 - clip_param, 1 + clip_param]``; ``None`` (the default): the plain IMPALA
                 policy gradient.
+            targets_for: the policy V-trace's targets and advantages are computed for:
+                ``"current"`` (the learner's, IMPALA's) or ``"old"`` (the behaviour policy
+                ``clip_param`` bounds the step around; needs ``clip_param``). With ``"old"``
+                each step is weighed by its ratio pi/mu once, as in RLlib's APPO (whose old
+                policy is a target network): PPO's objective on lambda-returns.
         """
         super().training(**kwargs)
         if vtrace_lambda is not NotProvided:
             self.vtrace_lambda = vtrace_lambda
         if clip_param is not NotProvided:
             self.clip_param = clip_param
+        if targets_for is not NotProvided:
+            self.targets_for = targets_for
         return self
 
     def validate(self) -> None:
@@ -185,6 +195,7 @@ class VTraceConfig(CentralInferenceSettingsMixin, IMPALAConfig):
         check_real("vtrace_lambda", self.vtrace_lambda, low=0.0, high=1.0)
         if self.clip_param is not None:
             check_real("clip_param", self.clip_param, low=0.0, strict=True)
+        check_targets_for(self.targets_for, self.clip_param)
         for name in ("vtrace_clip_rho_threshold", "vtrace_clip_pg_rho_threshold"):
             if getattr(self, name) is not None:  # None: no clipping
                 check_real(name, getattr(self, name), low=0.0, strict=True)

@@ -155,6 +155,7 @@ class VTraceTorchLearner(OptimizeTrainedModulesOnly, IMPALATorchLearner):
             lambda_=config.vtrace_lambda,
             ratio_clip=config.clip_param,
             old_log_probs=None if config.clip_param is None else behaviour_logp,
+            targets_for=config.targets_for,
         )
         self.metrics.log_dict(
             {

@@ -42,6 +42,7 @@ def loss_settings(
     clip_rho=CLIP_RHO,
     clip_pg=CLIP_PG_RHO,
     clip_param: float | None = None,
+    targets_for: str = "current",
 ):
     training = {
         "gamma": GAMMA,
@@ -54,6 +55,8 @@ def loss_settings(
         training["vtrace_lambda"] = vtrace_lambda
     if clip_param is not None:  # VTrace's own setting (RLlib's IMPALA has none)
         training["clip_param"] = clip_param
+    if targets_for != "current":
+        training["targets_for"] = targets_for
     return (
         config.environment("CartPole-v1")
         .framework("torch")
@@ -149,6 +152,7 @@ def reference_loss(
     clip_rho=CLIP_RHO,
     clip_pg=CLIP_PG_RHO,
     clip_param: float | None = None,
+    targets_for: str = "current",
 ) -> tuple[torch.Tensor, dict]:
     """The V-trace loss from the episode structure, with the paper's per-segment double sum
     (tests/vtrace_reference.py), knowing nothing of masks or of RLlib's extra step.
@@ -157,7 +161,8 @@ def reference_loss(
     "truncated" (by the env or at a rollout-fragment cut); the piece's final observation sits
     right after its last real step. The learner cuts the flat batch into rows of ``FRAGMENT``
     steps: a row end inside a piece cuts its trace there, bootstrapping from the next step.
-    With ``clip_param``, each step's policy term is PPO's min(r A, clip(r) A), r = pi / mu.
+    With ``clip_param``, each step's policy term is PPO's min(r A, clip(r) A), r = pi / mu;
+    ``targets_for="old"`` computes the targets for mu itself (every log-rho 0: no trace cut).
     """
     with torch.no_grad():
         logits = module.forward_train(batch)[Columns.ACTION_DIST_INPUTS]
@@ -175,7 +180,7 @@ def reference_loss(
             segment = Segment(
                 rewards=rewards[a:b].numpy(),
                 values=values[a:b].numpy(),
-                log_rhos=log_rhos[a:b].numpy(),
+                log_rhos=(log_rhos[a:b] if targets_for == "current" else 0 * log_rhos[a:b]).numpy(),
                 next_value=float(values[b]),
                 end=end if b == stop else "cut",
             )
@@ -256,20 +261,34 @@ def test_clip_thresholds_of_none_mean_no_clipping(make_learner):
     assert not torch.allclose(loss, reference_loss(module, batch, pieces, vtrace_lambda=0.9)[0])
 
 
-def test_clip_param_bounds_the_policy_term_around_the_behaviour_policy(make_learner):
+@pytest.mark.parametrize("targets_for", ["current", "old"])
+def test_clip_param_bounds_the_policy_term_around_the_behaviour_policy(make_learner, targets_for):
     """With ``clip_param`` the loss is the reference's with PPO's clipped surrogate, ratios
     pi/mu to the behaviour log-probs the runners recorded (the batch's ratios fall on both
-    sides of the band); without it, the plain term."""
+    sides of the band); without it, the plain term. ``targets_for="old"``: the targets are the
+    behaviour policy's (APPO's form around mu), and differ from the learner's."""
     from rllib_plugins import VTraceConfig
 
     torch.manual_seed(0)
-    learner = make_learner(loss_settings(VTraceConfig(), vtrace_lambda=0.9, clip_param=0.1))
-    assert learner.config.clip_param == 0.1
+    config = loss_settings(
+        VTraceConfig(), vtrace_lambda=0.9, clip_param=0.1, targets_for=targets_for
+    )
+    learner = make_learner(config)
+    assert (learner.config.clip_param, learner.config.targets_for) == (0.1, targets_for)
     batch = impala_layout_batch()
     module = learner.module[DEFAULT_MODULE_ID]
     pieces = impala_layout_pieces()
     loss = learner_loss(learner, batch)
-    expected, parts = reference_loss(module, batch, pieces, vtrace_lambda=0.9, clip_param=0.1)
+    expected, parts = reference_loss(
+        module, batch, pieces, vtrace_lambda=0.9, clip_param=0.1, targets_for=targets_for
+    )
+    other = "old" if targets_for == "current" else "current"
+    assert not torch.allclose(
+        loss,
+        reference_loss(module, batch, pieces, vtrace_lambda=0.9, clip_param=0.1, targets_for=other)[
+            0
+        ],
+    )
     assert (parts["rhos"] > 1.1).any() and (parts["rhos"] < 0.9).any()
     torch.testing.assert_close(loss, expected, rtol=1e-5, atol=1e-6)
     plain = reference_loss(module, batch, pieces, vtrace_lambda=0.9)[0]
@@ -455,6 +474,8 @@ def test_registered_with_tune_and_rllib():
         (lambda c: c.training(vtrace_clip_pg_rho_threshold=-2), "vtrace_clip_pg_rho_threshold"),
         (lambda c: c.training(clip_param=0.0), "clip_param"),
         (lambda c: c.training(clip_param=float("nan")), "clip_param"),
+        (lambda c: c.training(clip_param=0.2, targets_for="new"), "targets_for must be"),
+        (lambda c: c.training(targets_for="old"), "targets_for='old' needs the clipped"),
         (lambda c: c.central_inference(max_batch_size=0), "max_batch_size"),
         (lambda c: c.central_inference(max_batch_size=2.5), "max_batch_size"),
         (lambda c: c.central_inference(max_wait_ms=-1.0), "max_wait_ms"),

@@ -130,7 +130,14 @@ def test_builder_runs_vtrace_experiment_in_seed_mode_and_closes_cleanly(ray_sess
             ),
         )
         .with_vtrace_params(
-            VTraceParams(lr=1e-3, vf_coef=0.5, ent_coef=0.01, eps_clip=0.2, clip_around="behaviour")
+            VTraceParams(
+                lr=1e-3,
+                vf_coef=0.5,
+                ent_coef=0.01,
+                eps_clip=0.2,
+                clip_around="behaviour",
+                targets_for="old",
+            )
         )
         .with_vtrace_actors(
             VTraceActorParams(
@@ -152,7 +159,8 @@ def test_builder_runs_vtrace_experiment_in_seed_mode_and_closes_cleanly(ray_sess
     world = result.world
     try:
         assert isinstance(world.algorithm, VTrace)
-        assert (world.algorithm.eps_clip, world.algorithm.clip_around) == (0.2, "behaviour")
+        algo = world.algorithm
+        assert (algo.eps_clip, algo.clip_around, algo.targets_for) == (0.2, "behaviour", "old")
         assert isinstance(world.training_collector, VTraceCollector)
         assert world.training_collector.env.inference is not None
         assert world.training_collector.collect_step >= 1_024
@@ -184,6 +192,8 @@ def test_vtrace_params_are_validated():
         VTraceParams(eps_clip=0.1, clip_around="target")
     with pytest.raises(ValueError, match="clip_around='behaviour' needs eps_clip"):
         VTraceParams(clip_around="behaviour")
+    with pytest.raises(ValueError, match="targets_for='old' needs the clipped surrogate"):
+        VTraceParams(targets_for="old")
     builder = VTraceExperimentBuilder(
         EnvFactoryRegistered(task="CartPole-v1", venv_type=VectorEnvType.DUMMY)
     )

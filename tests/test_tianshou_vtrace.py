@@ -185,14 +185,16 @@ def test_advantage_normalization_reaches_the_shared_loss():
     torch.testing.assert_close(b.pi_loss, expected.pi_loss)
 
 
-def test_eps_clip_bounds_every_pass_around_the_policy_the_batch_arrived_to():
+@pytest.mark.parametrize("targets_for", ["current", "old"])
+def test_eps_clip_bounds_every_pass_around_the_policy_the_batch_arrived_to(targets_for):
     """With ``eps_clip`` each gradient step's loss is the shared loss's clipped surrogate, with
     ratios to the log-probs the policy gave the batch before its first step, in every pass
-    (the policy moves between passes, those log-probs do not)."""
+    (the policy moves between passes, those log-probs do not); ``targets_for`` reaches the
+    loss (``"old"``: V-trace's targets for that arrival policy, APPO's form)."""
     from rl_dist_ext.impala import time_major_batch
     from rl_dist_ext.ops.vtrace_loss import vtrace_actor_critic_loss
 
-    algo = make_algo(seed=5, lr=1e-2, eps_clip=0.1)
+    algo = make_algo(seed=5, lr=1e-2, eps_clip=0.1, targets_for=targets_for)
     trajectory = random_trajectory(6, num_envs=4)
     arrived = algo._tensors(time_major_batch([trajectory]))
     with torch.no_grad():
@@ -217,7 +219,7 @@ def test_eps_clip_bounds_every_pass_around_the_policy_the_batch_arrived_to():
         torch.testing.assert_close(old, arrived_logp)
     old, now, values, pi_loss = seen[-1]
     assert not torch.allclose(now, arrived_logp)  # the policy moved between passes
-    expected = vtrace_actor_critic_loss(
+    inputs = dict(
         target_log_probs=now,
         behaviour_log_probs=arrived["behaviour_logp"],
         entropy=torch.zeros(shape),
@@ -231,7 +233,12 @@ def test_eps_clip_bounds_every_pass_around_the_policy_the_batch_arrived_to():
         ratio_clip=0.1,
         old_log_probs=arrived_logp,
     )
+    expected = vtrace_actor_critic_loss(**inputs, targets_for=targets_for)
     torch.testing.assert_close(pi_loss, expected.pi_loss)
+    other = "old" if targets_for == "current" else "current"
+    assert not torch.allclose(
+        pi_loss, vtrace_actor_critic_loss(**inputs, targets_for=other).pi_loss
+    )
     ratios = (now - arrived_logp).exp()[arrived["mask"].bool()]
     assert ((ratios < 0.9) | (ratios > 1.1)).any()  # by the third pass the clip binds
 
@@ -287,6 +294,8 @@ def test_state_dict_round_trips_the_version_and_moves_it_on():
         ({"eps_clip": 0.0}, ValueError, "eps_clip"),
         ({"clip_around": "target"}, ValueError, "clip_around must be 'arrival' or 'behaviour'"),
         ({"clip_around": "behaviour"}, ValueError, "clip_around='behaviour' needs eps_clip"),
+        ({"targets_for": "target"}, ValueError, "targets_for must be 'current' or 'old'"),
+        ({"targets_for": "old"}, ValueError, "targets_for='old' needs the clipped surrogate"),
         ({"critic": "not a network"}, TypeError, "critic"),
     ],
 )

@@ -327,6 +327,105 @@ def test_clipped_surrogate_equals_the_step_by_step_reference_with_its_gradient()
     np.testing.assert_allclose(at_old.grad.numpy(), plain_logp.grad.numpy(), rtol=1e-12)
 
 
+def test_targets_for_the_old_policy_around_the_behaviour_policy_is_ppo_on_returns():
+    """``targets_for="old"`` with ``pi_old = mu`` (APPO's form around the behaviour policy): every
+    trace is uncut, so the value targets are the plain discounted returns bootstrapped from
+    V(x_T) and the advantages are ``r_t + gamma G_{t+1} - V(x_t)``, whatever pi is; the policy
+    term is PPO's clipped surrogate on them with ``r = pi/mu``. By hand, one step at a time, with
+    the gradient in log pi; the current-policy form gives other advantages on the same input."""
+    rng = np.random.default_rng(3)
+    shape = (6, 3)
+    logp = np.log(rng.uniform(0.1, 0.9, shape))
+    behaviour = logp + rng.normal(0.0, 0.3, shape)  # r = pi/mu from about 0.5 to 2
+    values = rng.normal(size=shape)
+    rewards = rng.normal(size=shape)
+    bootstrap = rng.normal(size=shape[1])
+    epsilon, vf_coeff, ent_coeff = 0.2, 0.5, 0.01
+    entropy = rng.uniform(0.1, 0.7, shape)
+    kwargs = dict(
+        behaviour_log_probs=torch.as_tensor(behaviour),
+        entropy=torch.as_tensor(entropy),
+        values=torch.as_tensor(values),
+        rewards=torch.as_tensor(rewards),
+        discounts=torch.full(shape, GAMMA, dtype=torch.float64),
+        bootstrap_value=torch.as_tensor(bootstrap),
+        mask=torch.ones(shape, dtype=torch.bool),
+        vf_loss_coeff=vf_coeff,
+        entropy_coeff=ent_coeff,
+        ratio_clip=epsilon,
+        old_log_probs=torch.as_tensor(behaviour),
+    )
+    target_logp = torch.tensor(logp, requires_grad=True)
+    loss = vtrace_actor_critic_loss(target_log_probs=target_logp, targets_for="old", **kwargs)
+
+    num_steps, num_rows = shape
+    n = num_steps * num_rows
+    pi_total, vf_total, grad, num_clipped = 0.0, 0.0, np.zeros(shape), 0
+    for b in range(num_rows):
+        returns = [0.0] * (num_steps + 1)
+        returns[num_steps] = float(bootstrap[b])
+        for t in reversed(range(num_steps)):
+            returns[t] = float(rewards[t, b]) + GAMMA * returns[t + 1]
+        for t in range(num_steps):
+            a = float(rewards[t, b]) + GAMMA * returns[t + 1] - float(values[t, b])
+            r = float(np.exp(logp[t, b] - behaviour[t, b]))
+            unclipped, bounded = r * a, min(max(r, 1 - epsilon), 1 + epsilon) * a
+            pi_total += min(unclipped, bounded)
+            if unclipped <= bounded:
+                grad[t, b] = -r * a / n
+            else:
+                num_clipped += 1
+            vf_total += 0.5 * (float(values[t, b]) - returns[t]) ** 2
+    assert 0 < num_clipped < n  # both branches of the min
+    np.testing.assert_allclose(loss.pi_loss.item(), -pi_total / n, rtol=1e-12)
+    np.testing.assert_allclose(loss.vf_loss.item(), vf_total / n, rtol=1e-12)
+    expected_total = -pi_total / n + vf_coeff * vf_total / n - ent_coeff * entropy.mean()
+    np.testing.assert_allclose(loss.total.item(), expected_total, rtol=1e-12)
+    loss.total.backward()
+    np.testing.assert_allclose(target_logp.grad.numpy(), grad, rtol=1e-10, atol=1e-15)
+
+    current = vtrace_actor_critic_loss(target_log_probs=torch.as_tensor(logp), **kwargs)
+    assert abs(current.pi_loss.item() - loss.pi_loss.item()) > 1e-3
+    assert abs(current.vf_loss.item() - loss.vf_loss.item()) > 1e-3
+
+
+def test_targets_for_the_old_policy_are_vtraces_targets_for_pi_old():
+    """With any ``pi_old``, the advantages and value targets are V-trace's for ``pi_old`` (the
+    reference-tested ``vtrace_from_log_probs``), masked steps included."""
+    rng = np.random.default_rng(4)
+    shape = (7, 4)
+    mask = torch.as_tensor(rng.random(shape) < 0.7)
+    mask[0, 0] = True
+    logp = torch.as_tensor(np.log(rng.uniform(0.1, 0.9, shape)))
+    old = torch.as_tensor(np.log(rng.uniform(0.1, 0.9, shape)))
+    inputs = dict(
+        behaviour_log_probs=torch.as_tensor(np.log(rng.uniform(0.1, 0.9, shape))),
+        discounts=torch.full(shape, GAMMA, dtype=torch.float64),
+        rewards=torch.as_tensor(rng.normal(size=shape)),
+        values=torch.as_tensor(rng.normal(size=shape)),
+        bootstrap_value=torch.as_tensor(rng.normal(size=shape[1])),
+        mask=mask,
+    )
+    loss = vtrace_actor_critic_loss(
+        target_log_probs=logp,
+        entropy=torch.zeros(shape, dtype=torch.float64),
+        vf_loss_coeff=1.0,
+        entropy_coeff=0.0,
+        ratio_clip=0.3,
+        old_log_probs=old,
+        targets_for="old",
+        **inputs,
+    )
+    targets = vtrace_from_log_probs(target_log_probs=old, **inputs)
+    real = mask.numpy()
+    ratio = np.exp(logp.numpy() - old.numpy())[real]
+    advantages = targets.pg_advantages.numpy()[real]
+    surrogate = np.minimum(ratio * advantages, np.clip(ratio, 0.7, 1.3) * advantages)
+    np.testing.assert_allclose(loss.pi_loss.item(), -surrogate.mean(), rtol=1e-12)
+    vf = 0.5 * ((inputs["values"].numpy() - targets.vs.numpy()) ** 2)[real].mean()
+    np.testing.assert_allclose(loss.vf_loss.item(), vf, rtol=1e-12)
+
+
 def all_ones_inputs() -> tuple[torch.Tensor, dict]:
     """A ``[3, 2]`` tensor of ones and the loss's inputs made of it (all but ``mask``), for the
     tests of what the loss refuses."""
@@ -358,6 +457,10 @@ def test_clipped_surrogate_needs_its_old_log_probs_and_a_positive_clip():
         vtrace_actor_critic_loss(ratio_clip=True, old_log_probs=ones, **kwargs)
     with pytest.raises(ValueError, match="old_log_probs has shape"):
         vtrace_actor_critic_loss(ratio_clip=0.2, old_log_probs=torch.ones(3), **kwargs)
+    with pytest.raises(ValueError, match="targets_for must be 'current' or 'old', got 'new'"):
+        vtrace_actor_critic_loss(ratio_clip=0.2, old_log_probs=ones, targets_for="new", **kwargs)
+    with pytest.raises(ValueError, match="targets_for='old' needs the clipped surrogate"):
+        vtrace_actor_critic_loss(targets_for="old", **kwargs)
 
 
 def test_loss_rejects_an_all_masked_batch_and_mismatched_shapes():

@@ -185,6 +185,9 @@ class VTraceParams(OnPolicyAlgorithmParams):
             IMPALA policy gradient.
         clip_around: ``"arrival"`` (the learner's policy as the batch arrived) or
             ``"behaviour"`` (the actors' that acted): the policy ``eps_clip``'s ratios are to.
+        targets_for: ``"current"`` (the learner's policy) or ``"old"`` (the one
+            ``clip_around`` names, APPO's form; needs ``eps_clip``): the policy V-trace's
+            targets and advantages are computed for.
     """
 
     vf_coef: float = 0.5
@@ -196,9 +199,10 @@ class VTraceParams(OnPolicyAlgorithmParams):
     advantage_normalization: bool = False
     eps_clip: float | None = None
     clip_around: str = "arrival"
+    targets_for: str = "current"
 
     def __post_init__(self) -> None:
-        check_clip_settings(self.eps_clip, self.clip_around)
+        check_clip_settings(self.eps_clip, self.clip_around, self.targets_for)
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -39,7 +39,7 @@ from tianshou.utils.net.discrete import DiscreteActor, DiscreteCritic
 
 from rl_dist_ext.impala import TimeMajorBatch, Trajectory, time_major_batch
 from rl_dist_ext.observations import observation_array
-from rl_dist_ext.ops.vtrace_loss import VTraceLoss, vtrace_actor_critic_loss
+from rl_dist_ext.ops.vtrace_loss import VTraceLoss, check_targets_for, vtrace_actor_critic_loss
 from rl_dist_ext.params import VersionedWeights, WeightsVersion
 from rl_dist_ext.validation import check_real
 from tianshou_plugins.weights import cpu_state_dict
@@ -50,7 +50,9 @@ TENSOR_KEYS = ("obs", "actions", "rewards", "discounts", "behaviour_logp", "mask
 TRAJECTORY_FIELDS = ("logp", "row", "t", "version")
 
 
-def check_clip_settings(eps_clip: float | None, clip_around: str) -> None:
+def check_clip_settings(
+    eps_clip: float | None, clip_around: str, targets_for: str = "current"
+) -> None:
     """``VTrace``'s clipped-surrogate settings, refused by name (also checked by
     ``VTraceParams`` before an experiment builds anything)."""
     if eps_clip is not None:
@@ -62,6 +64,7 @@ def check_clip_settings(eps_clip: float | None, clip_around: str) -> None:
             f"clip_around={clip_around!r} needs eps_clip: without it the loss has no ratio "
             "to take (eps_clip=None is IMPALA's plain policy gradient)"
         )
+    check_targets_for(targets_for, eps_clip)
 
 
 def categorical_from_logits(logits: torch.Tensor) -> torch.distributions.Categorical:
@@ -149,6 +152,10 @@ class VTrace(OnPolicyAlgorithm[ProbabilisticActorPolicy]):
         clip_around: the policy ``eps_clip``'s ratios are taken to: ``"arrival"`` (the
             learner's as the batch arrived) or ``"behaviour"`` (the actors' that acted, whose
             log-probs ride with the trajectories; RLlib VTrace's ``clip_param`` does this).
+        targets_for: the policy V-trace's targets and advantages are computed for:
+            ``"current"`` (the learner's, IMPALA's) or ``"old"`` (the one ``clip_around``
+            names, as RLlib's APPO does for its target network: each step is then weighed by
+            its importance ratio once; needs ``eps_clip``).
     """
 
     def __init__(
@@ -167,6 +174,7 @@ class VTrace(OnPolicyAlgorithm[ProbabilisticActorPolicy]):
         advantage_normalization: bool = False,
         eps_clip: float | None = None,
         clip_around: str = "arrival",
+        targets_for: str = "current",
     ) -> None:
         if not isinstance(policy, ProbabilisticActorPolicy):
             raise TypeError(
@@ -186,7 +194,7 @@ class VTrace(OnPolicyAlgorithm[ProbabilisticActorPolicy]):
             if value is not None:
                 check_real(name, value, low=0.0, strict=True)
         check_real("vtrace_lambda", vtrace_lambda, low=0.0, high=1.0)
-        check_clip_settings(eps_clip, clip_around)
+        check_clip_settings(eps_clip, clip_around, targets_for)
         if not isinstance(advantage_normalization, bool):
             raise TypeError(
                 f"advantage_normalization must be True or False, got {advantage_normalization!r}"
@@ -206,6 +214,7 @@ class VTrace(OnPolicyAlgorithm[ProbabilisticActorPolicy]):
         self.advantage_normalization = advantage_normalization
         self.eps_clip = None if eps_clip is None else float(eps_clip)
         self.clip_around = clip_around
+        self.targets_for = targets_for
         self.weights_clock = WeightsVersion()
 
     # ---- versions -----------------------------------------------------------------------------
@@ -302,6 +311,7 @@ class VTrace(OnPolicyAlgorithm[ProbabilisticActorPolicy]):
             normalize_advantages=self.advantage_normalization,
             ratio_clip=self.eps_clip,
             old_log_probs=batch.get("old_logp"),
+            targets_for=self.targets_for,
         )
 
     def _log_probs_and_entropy(

@@ -25,8 +25,13 @@ direction ``A_s`` favours, that step adds no more gradient. ``A_s`` keeps V-trac
 ``min(rho_bar_pg, pi/mu)`` for the current ``pi``, so inside the band a step's gradient is
 weighted ``r_s min(rho_bar_pg, pi/mu)``: about ``pi/mu`` when ``pi_old`` is the learner's policy
 as the batch arrived (Tianshou's default), ``(pi/mu) min(1, pi/mu)`` when it is the behaviour
-policy ``mu`` itself. RLlib's APPO instead computes its advantages for ``pi_old`` (a target
-network), which weighs each step by ``pi/mu`` once.
+policy ``mu`` itself.
+
+With ``targets_for="old"`` the V-trace targets (``v_s`` and ``A_s``) are computed for ``pi_old``
+instead, as RLlib's APPO computes them for its target network: a step's gradient is weighted
+``r_s min(rho_bar_pg, pi_old/mu)``, the importance weight once, whatever ``pi_old`` is. Around
+the behaviour policy (``pi_old = mu``) every trace is uncut and this is PPO's objective on
+lambda-returns.
 """
 
 from __future__ import annotations
@@ -37,7 +42,10 @@ import torch
 
 from rl_dist_ext.ops.vtrace import vtrace_from_log_probs
 
-__all__ = ["VTraceLoss", "vtrace_actor_critic_loss"]
+__all__ = ["TARGETS_FOR", "VTraceLoss", "check_targets_for", "vtrace_actor_critic_loss"]
+
+#: the policies V-trace's targets can be computed for: the learner's, or the clip's ``pi_old``
+TARGETS_FOR = ("current", "old")
 
 
 class VTraceLoss(NamedTuple):
@@ -48,6 +56,18 @@ class VTraceLoss(NamedTuple):
     vf_loss: torch.Tensor
     entropy: torch.Tensor
     mean_rho: torch.Tensor  # mean pi/mu over real steps (1 = no policy lag)
+
+
+def check_targets_for(targets_for: object, ratio_clip: float | None) -> None:
+    """Refuse a ``targets_for`` that is not one of ``TARGETS_FOR``, or ``"old"`` without a clip
+    (there is no ``pi_old`` then). Adapters call it as their settings are made."""
+    if targets_for not in TARGETS_FOR:
+        raise ValueError(f"targets_for must be 'current' or 'old', got {targets_for!r}")
+    if targets_for == "old" and ratio_clip is None:
+        raise ValueError(
+            "targets_for='old' needs the clipped surrogate (its pi_old is the policy the "
+            "targets are computed for); without a clip there is no old policy"
+        )
 
 
 def vtrace_actor_critic_loss(
@@ -68,6 +88,7 @@ def vtrace_actor_critic_loss(
     normalize_advantages: bool = False,
     ratio_clip: float | None = None,
     old_log_probs: torch.Tensor | None = None,
+    targets_for: str = "current",
 ) -> VTraceLoss:
     """The IMPALA loss on one time-major batch (see the module docstring).
 
@@ -88,10 +109,14 @@ def vtrace_actor_critic_loss(
         ratio_clip: epsilon > 0 of the clipped surrogate (``None``: the plain term).
         old_log_probs: ``[T, B]`` float, log pi_old(a_t|x_t), no gradient; needed exactly when
             ``ratio_clip`` is given.
+        targets_for: the policy V-trace's targets and advantages are computed for:
+            ``"current"`` (pi, IMPALA's) or ``"old"`` (``pi_old``, APPO's; needs
+            ``ratio_clip``).
 
     Raises:
         ValueError: no real step, ``ratio_clip`` without ``old_log_probs`` (or the other way
-            round), or shapes as in the V-trace functions.
+            round), ``targets_for`` not one of the two or ``"old"`` without ``ratio_clip``, or
+            shapes as in the V-trace functions.
     """
     mask = mask.to(values.dtype)
     num_real = mask.sum()
@@ -105,6 +130,7 @@ def vtrace_actor_critic_loss(
         )
     if ratio_clip is not None and (isinstance(ratio_clip, bool) or not ratio_clip > 0):
         raise ValueError(f"ratio_clip must be None or > 0, got {ratio_clip!r}")
+    check_targets_for(targets_for, ratio_clip)
     shaped = [("entropy", entropy), ("values", values)]
     if old_log_probs is not None:
         shaped.append(("old_log_probs", old_log_probs))
@@ -116,7 +142,7 @@ def vtrace_actor_critic_loss(
             )
     targets = vtrace_from_log_probs(
         behaviour_log_probs=behaviour_log_probs,
-        target_log_probs=target_log_probs,
+        target_log_probs=target_log_probs if targets_for == "current" else old_log_probs,
         discounts=discounts,
         rewards=rewards,
         values=values,
