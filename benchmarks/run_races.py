@@ -103,7 +103,13 @@ QUEUE = (
         "rllib_vtrace_vs_appo.py",
         "cartpole",
         retention=True,
-        arms=("VTrace local", "IMPALA", "VTrace local clip 0.2"),
+        arms=(
+            "VTrace local",
+            "IMPALA",
+            "VTrace local clip 0.2",
+            "VTrace local clip 0.2, APPO targets",
+            "VTrace local, own value layers",
+        ),
         cap_s=150.0,
     ),
     # the GorilaDQN pairs: their baselines take 3-4 minutes to the target (IQM 213 s and 179 s)
