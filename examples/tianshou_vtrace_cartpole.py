@@ -3,8 +3,11 @@
 ``--num-actors`` Ray actors each run Tianshou's own ``Collector`` over ``--envs-per-actor`` envs
 with a local copy of the policy and hand fixed-length trajectories (with the behaviour log-probs
 and the weights version that acted) to the learner in this process, which corrects for their
-policy lag with V-trace (and, by default, bounds how far each update's passes move the policy
-with PPO's clipped surrogate, ``--eps-clip``) and publishes weights the actors pull. Tianshou's
+policy lag with V-trace and publishes weights the actors pull. By default each update's passes
+are bounded by PPO's clipped surrogate around the actors' behaviour policy, with the targets
+computed for that policy (``--eps-clip 0.1 --clip-around behaviour --targets-for old``: PPO's
+objective on lambda-returns, which kept the target best in the retention race; ``--eps-clip 0``
+is IMPALA's plain V-trace loss). Tianshou's
 ``OnPolicyTrainer`` drives it unchanged (``algorithm.run_training``): a progress bar, a greedy
 test (10 episodes) every ``--epoch-steps`` env steps, and a checkpoint before each test. A
 ``TensorboardLogger`` writes under ``--out``/tb (throughput, policy lag, queue fill, losses,
@@ -50,18 +53,21 @@ from tianshou_plugins import CentralInference, VTrace, VTraceCollector, mlp_acto
 log = logging.getLogger("tianshou_vtrace_cartpole")
 
 ENV = "CartPole-v1"
-#: env steps per update, each taken in --repeat passes of --batch-size steps under PPO's clip:
-#: the retention race's choice (docs/benchmarks.md, "Retention after the target")
-COLLECT_STEPS = 2_048
+#: env steps per update, each taken in --repeat passes of --batch-size steps under PPO's clip
+#: at --lr: the retention race's choice (docs/benchmarks.md, "Retention after the target")
+COLLECT_STEPS = 512
 
 
 def make_env() -> gym.Env:
     return gym.make(ENV)
 
 
-def make_algorithm(env: gym.Env, *, lr: float, eps_clip: float | None) -> VTrace:
+def make_algorithm(
+    env: gym.Env, *, lr: float, eps_clip: float | None, clip_around: str, targets_for: str
+) -> VTrace:
     """A discrete actor (logits) and a critic, each a 64-64 MLP, trained with V-trace and, with
-    ``eps_clip``, PPO's clipped surrogate on the V-trace advantages."""
+    ``eps_clip``, PPO's clipped surrogate (around ``clip_around``'s policy, the targets computed
+    for ``targets_for``'s)."""
     policy, critic = mlp_actor_critic(env.observation_space, env.action_space, (64, 64))
     return VTrace(
         policy=policy,
@@ -72,6 +78,8 @@ def make_algorithm(env: gym.Env, *, lr: float, eps_clip: float | None) -> VTrace
         max_grad_norm=40.0,
         gamma=0.99,
         eps_clip=eps_clip,
+        clip_around=clip_around,
+        targets_for=targets_for,
     )
 
 
@@ -82,7 +90,7 @@ def main() -> None:
     parser.add_argument("--envs-per-actor", type=int, default=8)
     parser.add_argument("--steps-per-env", type=int, default=32, help="trajectory length T")
     parser.add_argument("--cpus-per-actor", type=float, default=0.25, help="Ray CPUs reserved")
-    parser.add_argument("--lr", type=float, default=3e-4)
+    parser.add_argument("--lr", type=float, default=1e-3)
     parser.add_argument("--batch-size", type=int, default=128, help="env steps per gradient step")
     parser.add_argument(
         "--collect-steps", type=int, default=COLLECT_STEPS, help="env steps per update"
@@ -93,7 +101,20 @@ def main() -> None:
         type=float,
         default=0.1,
         help="PPO's clipped surrogate on the V-trace advantages (0: IMPALA's plain loss, which "
-        "forgets the target with 4 passes; with it, use --repeat 1 --batch-size 512 --lr 1e-3)",
+        "forgets the target with 4 passes; with it, use --repeat 1 --batch-size 512)",
+    )
+    parser.add_argument(
+        "--clip-around",
+        choices=("behaviour", "arrival"),
+        default="behaviour",
+        help="the policy the clip's ratios are to: the actors' (behaviour) or the learner's as "
+        "each update's batch arrived",
+    )
+    parser.add_argument(
+        "--targets-for",
+        choices=("old", "current"),
+        default="old",
+        help="V-trace's targets for the clip's policy (old: APPO's form) or the learner's",
     )
     parser.add_argument("--epoch-steps", type=int, default=20_000, help="env steps per test")
     parser.add_argument("--target-return", type=float, default=475.0)
@@ -114,7 +135,14 @@ def main() -> None:
     start_ray(args.address)
 
     env = make_env()
-    algorithm = make_algorithm(env, lr=args.lr, eps_clip=args.eps_clip or None)
+    eps_clip = args.eps_clip or None
+    algorithm = make_algorithm(
+        env,
+        lr=args.lr,
+        eps_clip=eps_clip,
+        clip_around=args.clip_around if eps_clip else "arrival",
+        targets_for=args.targets_for if eps_clip else "current",
+    )
     env.close()
     collector = test_collector = None
     checkpoint_dir = (args.out / "checkpoint").resolve()
