@@ -100,21 +100,20 @@ def main() -> None:
         "--eps-clip",
         type=float,
         default=0.1,
-        help="PPO's clipped surrogate on the V-trace advantages (0: IMPALA's plain loss, which "
+        help="PPO's clipped surrogate on the advantages (0: IMPALA's plain V-trace loss, which "
         "forgets the target with 4 passes; with it, use --repeat 1 --batch-size 512)",
     )
     parser.add_argument(
         "--clip-around",
         choices=("behaviour", "arrival"),
-        default="behaviour",
-        help="the policy the clip's ratios are to: the actors' (behaviour) or the learner's as "
-        "each update's batch arrived",
+        help="the policy the clip's ratios are to: the actors' (behaviour, the default) or the "
+        "learner's as each update's batch arrived; needs --eps-clip above 0",
     )
     parser.add_argument(
         "--targets-for",
         choices=("old", "current"),
-        default="old",
-        help="V-trace's targets for the clip's policy (old: APPO's form) or the learner's",
+        help="the policy V-trace's targets are computed for: the clip's (old, APPO's form, the "
+        "default) or the learner's; needs --eps-clip above 0",
     )
     parser.add_argument("--epoch-steps", type=int, default=20_000, help="env steps per test")
     parser.add_argument("--target-return", type=float, default=475.0)
@@ -128,6 +127,13 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=Path("runs/tianshou_vtrace"))
     add_address_argument(parser)
     args = parser.parse_args()
+    if not args.eps_clip:
+        for flag, value in (
+            ("--clip-around", args.clip_around),
+            ("--targets-for", args.targets_for),
+        ):
+            if value is not None:
+                parser.error(f"{flag} {value} needs --eps-clip above 0 (0: IMPALA's plain loss)")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S")
     torch.set_num_threads(1)
     torch.manual_seed(args.seed)
@@ -140,8 +146,8 @@ def main() -> None:
         env,
         lr=args.lr,
         eps_clip=eps_clip,
-        clip_around=args.clip_around if eps_clip else "arrival",
-        targets_for=args.targets_for if eps_clip else "current",
+        clip_around=(args.clip_around or "behaviour") if eps_clip else "arrival",
+        targets_for=(args.targets_for or "old") if eps_clip else "current",
     )
     env.close()
     collector = test_collector = None

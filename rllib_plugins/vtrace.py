@@ -167,9 +167,12 @@ class VTraceConfig(CentralInferenceSettingsMixin, IMPALAConfig):
                 policy gradient.
             targets_for: the policy V-trace's targets and advantages are computed for:
                 ``"current"`` (the learner's, IMPALA's) or ``"old"`` (the behaviour policy
-                ``clip_param`` bounds the step around; needs ``clip_param``). With ``"old"``
-                each step is weighed by its ratio pi/mu once, as in RLlib's APPO (whose old
-                policy is a target network): PPO's objective on lambda-returns.
+                ``clip_param`` bounds the step around; needs ``clip_param``). ``"old"`` is
+                APPO's form with the behaviour policy where APPO has a target network: every
+                importance weight in the targets is 1, so the value targets get no off-policy
+                correction and the V-trace thresholds change nothing; the loss is PPO's
+                objective on the runners' (stale) data, the clipped ratio pi/mu its only
+                correction for policy lag.
         """
         super().training(**kwargs)
         if vtrace_lambda is not NotProvided:
@@ -195,7 +198,7 @@ class VTraceConfig(CentralInferenceSettingsMixin, IMPALAConfig):
         check_real("vtrace_lambda", self.vtrace_lambda, low=0.0, high=1.0)
         if self.clip_param is not None:
             check_real("clip_param", self.clip_param, low=0.0, strict=True)
-        check_targets_for(self.targets_for, self.clip_param)
+        check_targets_for(self.targets_for, self.clip_param, clip_name="clip_param")
         for name in ("vtrace_clip_rho_threshold", "vtrace_clip_pg_rho_threshold"):
             if getattr(self, name) is not None:  # None: no clipping
                 check_real(name, getattr(self, name), low=0.0, strict=True)

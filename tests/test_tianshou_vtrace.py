@@ -243,27 +243,52 @@ def test_eps_clip_bounds_every_pass_around_the_policy_the_batch_arrived_to(targe
     assert ((ratios < 0.9) | (ratios > 1.1)).any()  # by the third pass the clip binds
 
 
-def test_clip_around_behaviour_takes_the_ratios_to_the_actors_log_probs():
+@pytest.mark.parametrize("targets_for", ["current", "old"])
+def test_clip_around_behaviour_takes_the_ratios_to_the_actors_log_probs(targets_for):
     """``clip_around="behaviour"``: every step's ratios are to the behaviour log-probs the
-    actors recorded (as RLlib VTrace's ``clip_param``), not to the learner's policy."""
+    actors recorded (as RLlib VTrace's ``clip_param``), not to the learner's policy; each step's
+    loss is the shared loss with them, V-trace's targets computed for ``targets_for``'s policy
+    (``"old"``: the actors' own)."""
     from rl_dist_ext.impala import time_major_batch
+    from rl_dist_ext.ops.vtrace_loss import vtrace_actor_critic_loss
 
-    algo = make_algo(seed=5, eps_clip=0.1, clip_around="behaviour")
+    algo = make_algo(seed=5, eps_clip=0.1, clip_around="behaviour", targets_for=targets_for)
     trajectory = random_trajectory(7, num_envs=4)
     behaviour = algo._tensors(time_major_batch([trajectory]))["behaviour_logp"]
     seen = []
     compute_loss = algo.compute_loss
 
-    def recording(batch):
-        seen.append(batch["old_logp"].clone())
-        return compute_loss(batch)
+    def recording(batch):  # called before each gradient step, on the weights it starts from
+        loss = compute_loss(batch)
+        with torch.no_grad():
+            now, entropy = algo._log_probs_and_entropy(batch)
+            values = algo.critic(batch["obs"].flatten(0, 1)).reshape(now.shape)
+        expected = vtrace_actor_critic_loss(
+            target_log_probs=now,
+            behaviour_log_probs=batch["behaviour_logp"],
+            entropy=entropy,
+            values=values,
+            bootstrap_value=values[-1],
+            rewards=batch["rewards"],
+            discounts=batch["discounts"],
+            mask=batch["mask"],
+            vf_loss_coeff=algo.vf_coef,
+            entropy_coeff=algo.ent_coef,
+            ratio_clip=0.1,
+            old_log_probs=behaviour,
+            targets_for=targets_for,
+        )
+        seen.append((batch["old_logp"].clone(), loss, expected))
+        return loss
 
     algo.compute_loss = recording
     with policy_within_training_step(algo.policy):
         algo.update(buffer_of([trajectory]), batch_size=None, repeat=2)
     assert len(seen) == 2
-    for old in seen:
+    for old, loss, expected in seen:
         torch.testing.assert_close(old, behaviour)
+        torch.testing.assert_close(loss.pi_loss, expected.pi_loss)
+        torch.testing.assert_close(loss.vf_loss, expected.vf_loss)
 
 
 def test_state_dict_round_trips_the_version_and_moves_it_on():
@@ -295,7 +320,11 @@ def test_state_dict_round_trips_the_version_and_moves_it_on():
         ({"clip_around": "target"}, ValueError, "clip_around must be 'arrival' or 'behaviour'"),
         ({"clip_around": "behaviour"}, ValueError, "clip_around='behaviour' needs eps_clip"),
         ({"targets_for": "target"}, ValueError, "targets_for must be 'current' or 'old'"),
-        ({"targets_for": "old"}, ValueError, "targets_for='old' needs the clipped surrogate"),
+        (
+            {"targets_for": "old"},
+            ValueError,
+            "targets_for='old' needs the clipped surrogate: set eps_clip",
+        ),
         ({"critic": "not a network"}, TypeError, "critic"),
     ],
 )

@@ -327,12 +327,14 @@ def test_clipped_surrogate_equals_the_step_by_step_reference_with_its_gradient()
     np.testing.assert_allclose(at_old.grad.numpy(), plain_logp.grad.numpy(), rtol=1e-12)
 
 
-def test_targets_for_the_old_policy_around_the_behaviour_policy_is_ppo_on_returns():
+@pytest.mark.parametrize("lambda_", [1.0, 0.9])
+def test_targets_for_the_old_policy_around_the_behaviour_policy_is_ppo_with_gae(lambda_):
     """``targets_for="old"`` with ``pi_old = mu`` (APPO's form around the behaviour policy): every
-    trace is uncut, so the value targets are the plain discounted returns bootstrapped from
-    V(x_T) and the advantages are ``r_t + gamma G_{t+1} - V(x_t)``, whatever pi is; the policy
-    term is PPO's clipped surrogate on them with ``r = pi/mu``. By hand, one step at a time, with
-    the gradient in log pi; the current-policy form gives other advantages on the same input."""
+    importance weight is 1, so no trace is cut: the advantages are GAE(lambda),
+    ``sum_k (gamma lambda)^k delta_{t+k}``, and the value targets ``V(x_t)`` plus them (at
+    lambda 1 the discounted returns bootstrapped from V(x_T)), whatever pi is; the policy term
+    is PPO's clipped surrogate on them with ``r = pi/mu``. By hand, one step at a time, with the
+    gradient in log pi; the current-policy form gives other advantages on the same input."""
     rng = np.random.default_rng(3)
     shape = (6, 3)
     logp = np.log(rng.uniform(0.1, 0.9, shape))
@@ -352,22 +354,26 @@ def test_targets_for_the_old_policy_around_the_behaviour_policy_is_ppo_on_return
         mask=torch.ones(shape, dtype=torch.bool),
         vf_loss_coeff=vf_coeff,
         entropy_coeff=ent_coeff,
+        lambda_=lambda_,
         ratio_clip=epsilon,
-        old_log_probs=torch.as_tensor(behaviour),
     )
     target_logp = torch.tensor(logp, requires_grad=True)
-    loss = vtrace_actor_critic_loss(target_log_probs=target_logp, targets_for="old", **kwargs)
+    old = torch.tensor(behaviour, requires_grad=True)  # the loss must not send it a gradient
+    loss = vtrace_actor_critic_loss(
+        target_log_probs=target_logp, old_log_probs=old, targets_for="old", **kwargs
+    )
 
     num_steps, num_rows = shape
     n = num_steps * num_rows
     pi_total, vf_total, grad, num_clipped = 0.0, 0.0, np.zeros(shape), 0
     for b in range(num_rows):
-        returns = [0.0] * (num_steps + 1)
-        returns[num_steps] = float(bootstrap[b])
-        for t in reversed(range(num_steps)):
-            returns[t] = float(rewards[t, b]) + GAMMA * returns[t + 1]
+        next_values = [*(float(v) for v in values[1:, b]), float(bootstrap[b])]
+        deltas = [
+            float(rewards[t, b]) + GAMMA * next_values[t] - float(values[t, b])
+            for t in range(num_steps)
+        ]
         for t in range(num_steps):
-            a = float(rewards[t, b]) + GAMMA * returns[t + 1] - float(values[t, b])
+            a = sum((GAMMA * lambda_) ** k * deltas[t + k] for k in range(num_steps - t))
             r = float(np.exp(logp[t, b] - behaviour[t, b]))
             unclipped, bounded = r * a, min(max(r, 1 - epsilon), 1 + epsilon) * a
             pi_total += min(unclipped, bounded)
@@ -375,7 +381,7 @@ def test_targets_for_the_old_policy_around_the_behaviour_policy_is_ppo_on_return
                 grad[t, b] = -r * a / n
             else:
                 num_clipped += 1
-            vf_total += 0.5 * (float(values[t, b]) - returns[t]) ** 2
+            vf_total += 0.5 * a**2  # (V - v_s)^2 with v_s = V + A
     assert 0 < num_clipped < n  # both branches of the min
     np.testing.assert_allclose(loss.pi_loss.item(), -pi_total / n, rtol=1e-12)
     np.testing.assert_allclose(loss.vf_loss.item(), vf_total / n, rtol=1e-12)
@@ -383,23 +389,30 @@ def test_targets_for_the_old_policy_around_the_behaviour_policy_is_ppo_on_return
     np.testing.assert_allclose(loss.total.item(), expected_total, rtol=1e-12)
     loss.total.backward()
     np.testing.assert_allclose(target_logp.grad.numpy(), grad, rtol=1e-10, atol=1e-15)
+    assert old.grad is None
 
-    current = vtrace_actor_critic_loss(target_log_probs=torch.as_tensor(logp), **kwargs)
+    current = vtrace_actor_critic_loss(
+        target_log_probs=torch.as_tensor(logp), old_log_probs=old.detach(), **kwargs
+    )
     assert abs(current.pi_loss.item() - loss.pi_loss.item()) > 1e-3
     assert abs(current.vf_loss.item() - loss.vf_loss.item()) > 1e-3
 
 
 def test_targets_for_the_old_policy_are_vtraces_targets_for_pi_old():
     """With any ``pi_old``, the advantages and value targets are V-trace's for ``pi_old`` (the
-    reference-tested ``vtrace_from_log_probs``), masked steps included."""
+    reference-tested ``vtrace_from_log_probs``), masked steps included: there the old and the
+    behaviour log-probs are -inf (padding), and the loss and its gradients stay finite, 0 at
+    the masked steps; ``pi_old`` takes no gradient."""
     rng = np.random.default_rng(4)
     shape = (7, 4)
     mask = torch.as_tensor(rng.random(shape) < 0.7)
     mask[0, 0] = True
-    logp = torch.as_tensor(np.log(rng.uniform(0.1, 0.9, shape)))
-    old = torch.as_tensor(np.log(rng.uniform(0.1, 0.9, shape)))
+    minus_inf = torch.tensor(-np.inf, dtype=torch.float64)
+    logp = torch.tensor(np.log(rng.uniform(0.1, 0.9, shape)), requires_grad=True)
+    finite_old = torch.as_tensor(np.log(rng.uniform(0.1, 0.9, shape)))
+    old = torch.where(mask, finite_old, minus_inf).requires_grad_()
+    finite_behaviour = torch.as_tensor(np.log(rng.uniform(0.1, 0.9, shape)))
     inputs = dict(
-        behaviour_log_probs=torch.as_tensor(np.log(rng.uniform(0.1, 0.9, shape))),
         discounts=torch.full(shape, GAMMA, dtype=torch.float64),
         rewards=torch.as_tensor(rng.normal(size=shape)),
         values=torch.as_tensor(rng.normal(size=shape)),
@@ -408,6 +421,7 @@ def test_targets_for_the_old_policy_are_vtraces_targets_for_pi_old():
     )
     loss = vtrace_actor_critic_loss(
         target_log_probs=logp,
+        behaviour_log_probs=torch.where(mask, finite_behaviour, minus_inf),
         entropy=torch.zeros(shape, dtype=torch.float64),
         vf_loss_coeff=1.0,
         entropy_coeff=0.0,
@@ -416,14 +430,21 @@ def test_targets_for_the_old_policy_are_vtraces_targets_for_pi_old():
         targets_for="old",
         **inputs,
     )
-    targets = vtrace_from_log_probs(target_log_probs=old, **inputs)
+    targets = vtrace_from_log_probs(
+        target_log_probs=finite_old, behaviour_log_probs=finite_behaviour, **inputs
+    )
     real = mask.numpy()
-    ratio = np.exp(logp.numpy() - old.numpy())[real]
+    ratio = np.exp(logp.detach().numpy() - finite_old.numpy())[real]
     advantages = targets.pg_advantages.numpy()[real]
     surrogate = np.minimum(ratio * advantages, np.clip(ratio, 0.7, 1.3) * advantages)
     np.testing.assert_allclose(loss.pi_loss.item(), -surrogate.mean(), rtol=1e-12)
     vf = 0.5 * ((inputs["values"].numpy() - targets.vs.numpy()) ** 2)[real].mean()
     np.testing.assert_allclose(loss.vf_loss.item(), vf, rtol=1e-12)
+    loss.total.backward()
+    assert torch.isfinite(loss.total)
+    assert torch.isfinite(logp.grad).all() and torch.all(logp.grad[~mask] == 0)
+    assert logp.grad[mask].abs().sum() > 0
+    assert old.grad is None
 
 
 def all_ones_inputs() -> tuple[torch.Tensor, dict]:
@@ -459,7 +480,7 @@ def test_clipped_surrogate_needs_its_old_log_probs_and_a_positive_clip():
         vtrace_actor_critic_loss(ratio_clip=0.2, old_log_probs=torch.ones(3), **kwargs)
     with pytest.raises(ValueError, match="targets_for must be 'current' or 'old', got 'new'"):
         vtrace_actor_critic_loss(ratio_clip=0.2, old_log_probs=ones, targets_for="new", **kwargs)
-    with pytest.raises(ValueError, match="targets_for='old' needs the clipped surrogate"):
+    with pytest.raises(ValueError, match="needs the clipped surrogate: set ratio_clip"):
         vtrace_actor_critic_loss(targets_for="old", **kwargs)
 
 

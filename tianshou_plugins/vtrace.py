@@ -64,7 +64,7 @@ def check_clip_settings(
             f"clip_around={clip_around!r} needs eps_clip: without it the loss has no ratio "
             "to take (eps_clip=None is IMPALA's plain policy gradient)"
         )
-    check_targets_for(targets_for, eps_clip)
+    check_targets_for(targets_for, eps_clip, clip_name="eps_clip")
 
 
 def categorical_from_logits(logits: torch.Tensor) -> torch.distributions.Categorical:

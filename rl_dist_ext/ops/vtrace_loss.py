@@ -29,9 +29,12 @@ policy ``mu`` itself.
 
 With ``targets_for="old"`` the V-trace targets (``v_s`` and ``A_s``) are computed for ``pi_old``
 instead, as RLlib's APPO computes them for its target network: a step's gradient is weighted
-``r_s min(rho_bar_pg, pi_old/mu)``, the importance weight once, whatever ``pi_old`` is. Around
-the behaviour policy (``pi_old = mu``) every trace is uncut and this is PPO's objective on
-lambda-returns.
+``r_s min(rho_bar_pg, pi_old/mu)``, about ``pi/mu`` truncated once (APPO also caps
+``mu/pi_old`` at 2 in its ratio; here the ratio is ``pi/pi_old`` as it is). Around the
+behaviour policy (``pi_old = mu``) every importance weight is 1: with the thresholds at 1 or
+above (or ``None``), the defaults, no trace is cut, the thresholds change nothing, ``v_s`` are
+lambda-returns and ``A_s`` is GAE(lambda), so the loss is PPO's objective on the actors' data
+and the clipped ratio ``pi/mu`` is its only correction for policy lag.
 """
 
 from __future__ import annotations
@@ -58,15 +61,18 @@ class VTraceLoss(NamedTuple):
     mean_rho: torch.Tensor  # mean pi/mu over real steps (1 = no policy lag)
 
 
-def check_targets_for(targets_for: object, ratio_clip: float | None) -> None:
+def check_targets_for(
+    targets_for: object, ratio_clip: float | None, clip_name: str = "ratio_clip"
+) -> None:
     """Refuse a ``targets_for`` that is not one of ``TARGETS_FOR``, or ``"old"`` without a clip
-    (there is no ``pi_old`` then). Adapters call it as their settings are made."""
+    (there is no ``pi_old`` then); ``clip_name`` is the clip's name where the user set it.
+    Adapters call it as their settings are made."""
     if targets_for not in TARGETS_FOR:
         raise ValueError(f"targets_for must be 'current' or 'old', got {targets_for!r}")
     if targets_for == "old" and ratio_clip is None:
         raise ValueError(
-            "targets_for='old' needs the clipped surrogate (its pi_old is the policy the "
-            "targets are computed for); without a clip there is no old policy"
+            f"targets_for='old' needs the clipped surrogate: set {clip_name} (its pi_old is the "
+            f"policy the targets are computed for; {clip_name}=None has no old policy)"
         )
 
 
