@@ -115,6 +115,7 @@ QUEUE = (
             "VTrace local clip 0.2",
             "VTrace local clip 0.2, APPO targets",
             "VTrace local, own value layers",
+            "VTrace local, PPO form",
         ),
         cap_s=150.0,
     ),
