@@ -170,9 +170,9 @@ class VTraceConfig(CentralInferenceSettingsMixin, IMPALAConfig):
                 ``clip_param`` bounds the step around; needs ``clip_param``). ``"old"`` is
                 APPO's form with the behaviour policy where APPO has a target network: every
                 importance weight in the targets is 1, so the value targets get no off-policy
-                correction and the V-trace thresholds change nothing; the loss is PPO's
-                objective on the runners' (stale) data, the clipped ratio pi/mu its only
-                correction for policy lag.
+                correction (and the rho thresholds, at 1 or above, change nothing); the loss
+                is PPO's objective on the runners' (stale) data, the clipped ratio pi/mu its
+                only correction for policy lag.
         """
         super().training(**kwargs)
         if vtrace_lambda is not NotProvided:
