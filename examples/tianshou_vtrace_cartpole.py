@@ -206,7 +206,12 @@ def main() -> None:
                 )
             )
         final = final_greedy_return(algorithm.policy, make_env)
-        title = "V-trace (IMPALA) on CartPole-v1 (Tianshou, rl-dist-ext)"
+        loss = (
+            f"clip {eps_clip}, {algorithm.clip_around}, targets {algorithm.targets_for}"
+            if eps_clip
+            else "IMPALA"
+        )
+        title = f"V-trace ({loss}) on CartPole-v1 (Tianshou, rl-dist-ext)"
         report_retention(logger, args.target_return)
         plot_curve(logger, args.out / "learning_curve.png", title, target=args.target_return)
     finally:
