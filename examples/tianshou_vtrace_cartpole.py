@@ -2,14 +2,15 @@
 
 ``--num-actors`` Ray actors each run Tianshou's own ``Collector`` over ``--envs-per-actor`` envs
 with a local copy of the policy and hand fixed-length trajectories (with the behaviour log-probs
-and the weights version that acted) to the learner in this process, which corrects for their
-policy lag with V-trace and publishes weights the actors pull. By default each update's passes
-are bounded by PPO's clipped surrogate around the actors' behaviour policy, with the targets
-computed for that policy (``--eps-clip 0.1 --clip-around behaviour --targets-for old``: PPO's
-objective on lambda-returns, which kept the target best in the retention race; ``--eps-clip 0``
-is IMPALA's plain V-trace loss). Tianshou's
-``OnPolicyTrainer`` drives it unchanged (``algorithm.run_training``): a progress bar, a greedy
-test (10 episodes) every ``--epoch-steps`` env steps, and a checkpoint before each test. A
+and the weights version that acted) to the learner in this process, which publishes weights
+the actors pull. By default the learner trains APPO's form of the loss around the actors'
+behaviour policy (``--eps-clip 0.1 --clip-around behaviour --targets-for old``): the targets
+are computed for the policy that acted, so no trace is cut, and PPO's clipped ratio pi/mu is
+the correction for policy lag; it kept the target best in the retention race.
+``--eps-clip 0`` trains IMPALA's loss, where V-trace's importance weights correct the lag.
+Tianshou's ``OnPolicyTrainer`` drives it unchanged (``algorithm.run_training``): a progress
+bar, a greedy test (10 episodes) every ``--epoch-steps`` env steps, and a checkpoint before
+each test. A
 ``TensorboardLogger`` writes under ``--out``/tb (throughput, policy lag, queue fill, losses,
 mean importance ratio); the script trains to ``--env-steps`` (``--stop-at-target``: to the first
 test at ``--target-return``), then says what the run kept after its first test at the target,
