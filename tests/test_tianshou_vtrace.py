@@ -185,6 +185,39 @@ def test_advantage_normalization_reaches_the_shared_loss():
     torch.testing.assert_close(b.pi_loss, expected.pi_loss)
 
 
+def recorded_steps(algo: VTrace, trajectory, repeat: int) -> list[tuple]:
+    """One update of ``repeat`` passes over ``trajectory``; per gradient step: the old log-probs
+    it was given, the loss it returned, and the shared loss's inputs on the weights it started
+    from (all but the clip's ``ratio_clip``, ``old_log_probs`` and ``targets_for``)."""
+    steps = []
+    compute_loss = algo.compute_loss
+
+    def recording(batch):  # called before each gradient step, on the weights it starts from
+        loss = compute_loss(batch)
+        with torch.no_grad():
+            now, entropy = algo._log_probs_and_entropy(batch)
+            values = algo.critic(batch["obs"].flatten(0, 1)).reshape(now.shape)
+        inputs = dict(
+            target_log_probs=now,
+            behaviour_log_probs=batch["behaviour_logp"],
+            entropy=entropy,
+            values=values,
+            bootstrap_value=values[-1],
+            rewards=batch["rewards"],
+            discounts=batch["discounts"],
+            mask=batch["mask"],
+            vf_loss_coeff=algo.vf_coef,
+            entropy_coeff=algo.ent_coef,
+        )
+        steps.append((batch["old_logp"].clone(), loss, inputs))
+        return loss
+
+    algo.compute_loss = recording
+    with policy_within_training_step(algo.policy):
+        algo.update(buffer_of([trajectory]), batch_size=None, repeat=repeat)
+    return steps
+
+
 @pytest.mark.parametrize("targets_for", ["current", "old"])
 def test_eps_clip_bounds_every_pass_around_the_policy_the_batch_arrived_to(targets_for):
     """With ``eps_clip`` each gradient step's loss is the shared loss's clipped surrogate, with
@@ -199,45 +232,19 @@ def test_eps_clip_bounds_every_pass_around_the_policy_the_batch_arrived_to(targe
     arrived = algo._tensors(time_major_batch([trajectory]))
     with torch.no_grad():
         arrived_logp = algo._log_probs_and_entropy(arrived)[0]
-    seen: list[tuple[torch.Tensor, ...]] = []
-    compute_loss = algo.compute_loss
-    shape = arrived["mask"].shape
-
-    def recording(batch):  # called before each gradient step, on the weights it starts from
-        loss = compute_loss(batch)
-        with torch.no_grad():
-            now = algo._log_probs_and_entropy(batch)[0]
-            values = algo.critic(batch["obs"].flatten(0, 1)).reshape(shape)
-        seen.append((batch["old_logp"].clone(), now, values, loss.pi_loss))
-        return loss
-
-    algo.compute_loss = recording
-    with policy_within_training_step(algo.policy):
-        algo.update(buffer_of([trajectory]), batch_size=None, repeat=3)
-    assert len(seen) == 3
-    for old, *_ in seen:
+    steps = recorded_steps(algo, trajectory, repeat=3)
+    assert len(steps) == 3
+    for old, _, _ in steps:
         torch.testing.assert_close(old, arrived_logp)
-    old, now, values, pi_loss = seen[-1]
+    _, loss, inputs = steps[-1]
+    now = inputs["target_log_probs"]
     assert not torch.allclose(now, arrived_logp)  # the policy moved between passes
-    inputs = dict(
-        target_log_probs=now,
-        behaviour_log_probs=arrived["behaviour_logp"],
-        entropy=torch.zeros(shape),
-        values=values,
-        bootstrap_value=values[-1],
-        rewards=arrived["rewards"],
-        discounts=arrived["discounts"],
-        mask=arrived["mask"],
-        vf_loss_coeff=0.5,
-        entropy_coeff=0.0,
-        ratio_clip=0.1,
-        old_log_probs=arrived_logp,
-    )
-    expected = vtrace_actor_critic_loss(**inputs, targets_for=targets_for)
-    torch.testing.assert_close(pi_loss, expected.pi_loss)
+    clip = dict(ratio_clip=0.1, old_log_probs=arrived_logp)
+    expected = vtrace_actor_critic_loss(**inputs, **clip, targets_for=targets_for)
+    torch.testing.assert_close(loss.pi_loss, expected.pi_loss)
     other = "old" if targets_for == "current" else "current"
     assert not torch.allclose(
-        pi_loss, vtrace_actor_critic_loss(**inputs, targets_for=other).pi_loss
+        loss.pi_loss, vtrace_actor_critic_loss(**inputs, **clip, targets_for=other).pi_loss
     )
     ratios = (now - arrived_logp).exp()[arrived["mask"].bool()]
     assert ((ratios < 0.9) | (ratios > 1.1)).any()  # by the third pass the clip binds
@@ -255,38 +262,13 @@ def test_clip_around_behaviour_takes_the_ratios_to_the_actors_log_probs(targets_
     algo = make_algo(seed=5, eps_clip=0.1, clip_around="behaviour", targets_for=targets_for)
     trajectory = random_trajectory(7, num_envs=4)
     behaviour = algo._tensors(time_major_batch([trajectory]))["behaviour_logp"]
-    seen = []
-    compute_loss = algo.compute_loss
-
-    def recording(batch):  # called before each gradient step, on the weights it starts from
-        loss = compute_loss(batch)
-        with torch.no_grad():
-            now, entropy = algo._log_probs_and_entropy(batch)
-            values = algo.critic(batch["obs"].flatten(0, 1)).reshape(now.shape)
-        expected = vtrace_actor_critic_loss(
-            target_log_probs=now,
-            behaviour_log_probs=batch["behaviour_logp"],
-            entropy=entropy,
-            values=values,
-            bootstrap_value=values[-1],
-            rewards=batch["rewards"],
-            discounts=batch["discounts"],
-            mask=batch["mask"],
-            vf_loss_coeff=algo.vf_coef,
-            entropy_coeff=algo.ent_coef,
-            ratio_clip=0.1,
-            old_log_probs=behaviour,
-            targets_for=targets_for,
-        )
-        seen.append((batch["old_logp"].clone(), loss, expected))
-        return loss
-
-    algo.compute_loss = recording
-    with policy_within_training_step(algo.policy):
-        algo.update(buffer_of([trajectory]), batch_size=None, repeat=2)
-    assert len(seen) == 2
-    for old, loss, expected in seen:
+    steps = recorded_steps(algo, trajectory, repeat=2)
+    assert len(steps) == 2
+    for old, loss, inputs in steps:
         torch.testing.assert_close(old, behaviour)
+        expected = vtrace_actor_critic_loss(
+            **inputs, ratio_clip=0.1, old_log_probs=behaviour, targets_for=targets_for
+        )
         torch.testing.assert_close(loss.pi_loss, expected.pi_loss)
         torch.testing.assert_close(loss.vf_loss, expected.vf_loss)
 
