@@ -358,9 +358,9 @@ def make_race(
                     "VTrace threads, PPO form",
                     partial(vtrace, **THREADS_LAYOUT, env_stepping="threads", **PPO_FORM),
                     f"{VTRACE_NOTE}; 2 actors x 8 envs on threads as the threads arm, with the "
-                    "loss that kept the target on CartPole-v1 (the retention race's VTrace PPO "
-                    'form, lr 1e-3: `eps_clip=0.1, clip_around="behaviour", '
-                    'targets_for="old"`)',
+                    "loss that kept the target on CartPole-v1, here at lr 1e-3, not 3e-4 (the "
+                    "retention race's VTrace PPO form: `eps_clip=0.1, "
+                    'clip_around="behaviour", targets_for="old"`)',
                 ),
                 fastest_baseline_arm(baseline, "PPO"),
             ),
