@@ -264,8 +264,7 @@ def _ablation(cap_s, eval_every_s, envs) -> Race:
     arm = partial(rllib_arm, eval_every_s=eval_every_s, algorithm="gorila", **GORILA_SETTINGS)
     return Race(
         name="rllib_gorila_ablation",
-        title="RLlib GorilaDQN on CartPole-v1 run past a greedy 450: one setting changed at a "
-        "time",
+        title="RLlib GorilaDQN on CartPole-v1 run past a greedy 450: one setting changed at a time",
         envs=tuple(envs or ("CartPole-v1",)),
         target=TARGET,
         cap_s=cap_s,
