@@ -10,6 +10,8 @@ at ``--max-seconds`` of training.
   ``DummyVectorEnv`` envs with Tianshou's CartPole example settings (``DQN_NOTE``).
 - SlowCartPole-v1 (2 ms of latency per step, a stand-in for a slow simulator): GorilaDQN with
   more actors of fewer envs vs the same DQN over 8 ``SubprocVectorEnv`` envs.
+- ``--race ablation``: GorilaDQN alone on CartPole-v1, run past the target to the cap with one
+  setting changed at a time (``ABLATIONS``), reporting what each arm kept after it.
 - Collection throughput on SlowCartPole-v1 with 1, 2, 4, 8 actors (``GorilaCollector`` and its
   replay, no learner): env steps/s and its ratio to N x the 1-actor rate.
 
@@ -136,14 +138,16 @@ def gorila_arm(
     lr: float,
     batches_per_request: int,
     huber_delta: float | None,
+    capacity: int = 50_000,
 ) -> dict:
-    """One GorilaDQN run (the harness started Ray in this process)."""
+    """One GorilaDQN run (the harness started Ray in this process), a replay of ``capacity``
+    rows over its shards."""
     torch.set_num_threads(1)
     if env == "SlowCartPole-v1":
         actors, envs_per_actor = slow_actors, slow_envs_per_actor
     collector = test = None
     buffer = DistributedPrioritizedReplayBuffer(
-        50_000,
+        capacity,
         num_shards=shards,
         num_cpus_per_shard=cpus_per_shard,
         min_size_to_sample=1_000,
@@ -228,11 +232,68 @@ def dqn_arm(env: str, seed: int, cap_s: float, target: float, *, epoch_steps: in
         collector.close()
 
 
+#: the ``ablation`` race's arms: (name, the change to GorilaDQN's settings, why it is a suspect
+#: when a run forgets the target it reached)
+ABLATIONS = (
+    ("GorilaDQN", {}, "the race's settings"),
+    (
+        "replay 400k",
+        {"capacity": 400_000},
+        "8x the race's 50k rows: once the greedy policy balances, the states that lead to a "
+        "fall leave a small replay and their values drift",
+    ),
+    (
+        "target every 1,000",
+        {"target_update": 1_000},
+        "the target network synced every 1,000 gradient updates instead of 250: a steadier "
+        "bootstrap",
+    ),
+    ("lr 2.5e-4", {"lr": 2.5e-4}, "a quarter of the learning rate"),
+)
+#: training seconds a run at most, per race
+CAPS_S = {"cartpole": 300.0, "ablation": 240.0}
+RACES = tuple(CAPS_S)
+
+
 def make_race(
-    *, epoch_steps: int = 5_000, cap_s: float = 300.0, envs=ENVS, **gorila_changes
+    kind: str = "cartpole",
+    *,
+    epoch_steps: int = 5_000,
+    cap_s: float | None = None,
+    envs=None,
+    **gorila_changes,
 ) -> Race:
-    """The race: GorilaDQN (``GORILA_SETTINGS`` with ``gorila_changes``) against Tianshou's DQN
-    on ``envs``, tested every ``epoch_steps`` env steps, ``cap_s`` training seconds at most."""
+    """The ``kind`` race: ``cartpole``, GorilaDQN (``GORILA_SETTINGS`` with
+    ``gorila_changes``) against Tianshou's DQN on ``envs``; ``ablation``, GorilaDQN on
+    CartPole-v1 run past the target with one setting changed at a time (``ABLATIONS``). Tested
+    every ``epoch_steps`` env steps, ``cap_s`` training seconds at most (the race's own by
+    default)."""
+    if kind not in RACES:
+        raise ValueError(f"race {kind!r}: choose one of {list(RACES)}")
+    cap_s = cap_s or CAPS_S[kind]
+    notes = (
+        f"Greedy tests of 10 episodes on plain CartPole-v1 every {epoch_steps:,} env steps "
+        "(not counted as training time); SlowCartPole-v1 is CartPole-v1 with 2 ms of "
+        "latency per step, a stand-in for a slow simulator.",
+    )
+    if kind == "ablation":
+        gorila = partial(gorila_arm, epoch_steps=epoch_steps, **GORILA_SETTINGS)
+        return Race(
+            name="tianshou_gorila_ablation",
+            title="Tianshou GorilaDQN on CartPole-v1 run past a greedy 450: one setting changed "
+            "at a time",
+            envs=tuple(envs or ("CartPole-v1",)),
+            target=TARGET,
+            cap_s=cap_s,
+            arms=tuple(
+                Arm(name, partial(gorila, **change), f"{GORILA_NOTE}; {why}")
+                for name, change, why in ABLATIONS
+            ),
+            baseline="GorilaDQN",
+            seeds=(0, 1, 2, 3, 4),
+            notes=notes,
+            retention=True,
+        )
     unknown = set(gorila_changes) - set(GORILA_SETTINGS)
     if unknown:
         raise ValueError(f"unknown GorilaDQN settings {sorted(unknown)}: {sorted(GORILA_SETTINGS)}")
@@ -240,7 +301,7 @@ def make_race(
     return Race(
         name="tianshou_gorila_vs_dqn",
         title="Tianshou GorilaDQN vs Tianshou DQN: training seconds to a greedy 450 on CartPole",
-        envs=tuple(envs),
+        envs=tuple(envs or ENVS),
         target=TARGET,
         cap_s=cap_s,
         arms=(
@@ -248,11 +309,7 @@ def make_race(
             Arm("DQN", partial(dqn_arm, epoch_steps=epoch_steps), DQN_NOTE, uses_ray=False),
         ),
         baseline="DQN",
-        notes=(
-            f"Greedy tests of 10 episodes on plain CartPole-v1 every {epoch_steps:,} env steps "
-            "(not counted as training time); SlowCartPole-v1 is CartPole-v1 with 2 ms of "
-            "latency per step, a stand-in for a slow simulator.",
-        ),
+        notes=notes,
     )
 
 
@@ -337,7 +394,8 @@ def throughput_markdown(rows: list[dict], params: dict) -> str:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    add_race_arguments(parser, cap_s=300.0, envs=ENVS)
+    parser.add_argument("--race", choices=RACES, default="cartpole")
+    add_race_arguments(parser, cap_s=None, envs=ENVS)
     parser.add_argument("--epoch-steps", type=int, default=5_000, help="env steps per test")
     parser.add_argument(
         "--gorila",
@@ -362,10 +420,7 @@ def main(argv: list[str] | None = None) -> None:
         kind = type(GORILA_SETTINGS[key])
         changes[key] = None if value.lower() == "none" else kind(value)
     race = make_race(
-        epoch_steps=args.epoch_steps,
-        cap_s=args.max_seconds,
-        envs=args.envs or ENVS,
-        **changes,
+        args.race, epoch_steps=args.epoch_steps, cap_s=args.max_seconds, envs=args.envs, **changes
     )
     run_and_report(race, args)
 

@@ -7,6 +7,13 @@ returns them with their log-probs. The learner computes V-trace targets and send
 the server only. ``--local`` turns central inference off (IMPALA mode: runners infer with their
 own copy of the policy), for comparison.
 
+The learner trains RLlib IMPALA's tuned CartPole settings with the loss that kept the target in
+the retention race (``docs/benchmarks.md``): PPO's clipped surrogate around the runners'
+behaviour policy with V-trace's targets computed for it (``clip_param=0.1,
+targets_for="old"``, APPO's form), 4 passes over each batch and the value head on layers of its
+own. ``--clip-param 0`` trains IMPALA's loss instead (one pass, shared layers), whose V-trace
+weights then correct for the policy lag.
+
 Tune runs the trial; the progress table shows the server's requests/s, rows per batch, queueing
 latency and the policy lag beside the returns. RLlib's evaluation runner plays the greedy policy
 every ``--evaluation-interval`` iterations; the run trains to ``--stop-timesteps`` and then
@@ -16,12 +23,13 @@ stops there instead (``--as-test``: and fails if it never gets there within
 ``--out``.
 
     python examples/rllib_seed_vtrace_cartpole.py [--stop-reward 450] [--local]
-        [--num-env-runners 4] [--num-envs-per-env-runner 4] [--seed 0] [--stop-at-target]
-        [--as-test]
+        [--clip-param 0.1] [--num-env-runners 4] [--num-envs-per-env-runner 4] [--seed 0]
+        [--stop-at-target] [--as-test]
 """
 
 from __future__ import annotations
 
+from ray.rllib.core.rl_module.default_model_config import DefaultModelConfig
 from rllib_script import example_parser, greedy_evaluation, run
 
 from rllib_plugins import VTraceConfig
@@ -39,17 +47,37 @@ parser.add_argument(
     action="store_true",
     help="IMPALA mode: each runner infers with its own copy of the policy (default: SEED)",
 )
+parser.add_argument(
+    "--clip-param",
+    type=float,
+    default=0.1,
+    help="PPO's clip around the behaviour policy, APPO's targets, 4 passes (0: IMPALA's loss)",
+)
 parser.add_argument("--max-batch-size", type=int, default=64, help="observations per batch")
+#: RLlib IMPALA's tuned CartPole settings, which the loss's race arms share
+IMPALA_TUNED = {
+    "lr": 5e-4,
+    "train_batch_size_per_learner": 500,
+    "grad_clip": 40.0,
+    "grad_clip_by": "global_norm",
+    "vf_loss_coeff": 0.05,
+    "entropy_coeff": 0.0,
+}
 parser.add_argument("--max-wait-ms", type=float, default=1.0, help="batching wait")
 
 
 def build_config(args) -> VTraceConfig:
+    if args.clip_param < 0:
+        raise ValueError(f"--clip-param {args.clip_param}: give 0 (IMPALA's loss) or more")
+    ppo_form = args.clip_param > 0
+    loss = {"clip_param": args.clip_param, "targets_for": "old", "num_epochs": 4}
     config = (
         VTraceConfig()
         .environment("CartPole-v1")
         .env_runners(num_cpus_per_env_runner=0.2)
         .learners(num_learners=0)
-        .training(lr=5e-4, train_batch_size_per_learner=500, entropy_coeff=0.01)
+        .training(**IMPALA_TUNED, **(loss if ppo_form else {}))
+        .rl_module(model_config=DefaultModelConfig(vf_share_layers=not ppo_form))
         .central_inference(
             enabled=not args.local,
             max_batch_size=args.max_batch_size,
@@ -72,11 +100,12 @@ COLUMNS = {
 def main(argv: list[str] | None = None, *, keep_ray_up: bool = False):
     args = parser.parse_args(argv)
     mode = "local" if args.local else "central"
+    loss = f"clip {args.clip_param:g}, APPO's targets" if args.clip_param else "IMPALA's loss"
     return run(
         build_config(args),
         args,
         columns=COLUMNS,
-        title=f"VTrace ({mode} inference) on CartPole-v1 (RLlib, rl-dist-ext)",
+        title=f"VTrace ({mode} inference, {loss}) on CartPole-v1 (RLlib, rl-dist-ext)",
         keep_ray_up=keep_ray_up,
     )
 

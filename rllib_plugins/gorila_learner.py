@@ -153,6 +153,8 @@ class GorilaDQNTorchLearner(
             sync_target=self._sync_target_networks,
             export_weights=self.actor_weights,
         )
+        # module id -> the last step's TD errors, kept until that module's next step (they
+        # give its batch's priorities); the loss is dropped once its metrics are logged
         self._last_td_error: dict[str, torch.Tensor] = {}
         self._last_loss: dict[str, Any] = {}  # module id -> the last step's DQNLoss
         self._trained = TrainedSteps()  # rows trained in the running train_from_replay

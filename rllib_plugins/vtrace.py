@@ -199,6 +199,7 @@ class VTraceConfig(CentralInferenceSettingsMixin, IMPALAConfig):
         if self.clip_param is not None:
             check_real("clip_param", self.clip_param, low=0.0, strict=True)
         check_targets_for(self.targets_for, self.clip_param, clip_name="clip_param")
+        self._check_passes_keep_rows_whole()
         for name in ("vtrace_clip_rho_threshold", "vtrace_clip_pg_rho_threshold"):
             if getattr(self, name) is not None:  # None: no clipping
                 check_real(name, getattr(self, name), low=0.0, strict=True)
@@ -210,6 +211,24 @@ class VTraceConfig(CentralInferenceSettingsMixin, IMPALAConfig):
                 # would be a process (an RLlib import, several seconds of CPU) for nothing.
                 self.use_env_runner_state_server = False
         self._check_each_learner_gets_episodes()
+
+    def _check_passes_keep_rows_whole(self) -> None:
+        """The learner runs V-trace along rows of ``rollout_fragment_length`` steps cut from
+        the whole batch, each row's last step bootstrapping from the first of the next. RLlib's
+        minibatches and its shuffle between passes would cut those rows: each of
+        ``num_epochs`` passes must take the whole batch, in order."""
+        if self.minibatch_size is not None:
+            raise ValueError(
+                f"minibatch_size={self.minibatch_size!r}: VTrace trains on whole batches (a "
+                "minibatch would cut the rows V-trace runs along, and bootstrap a row from the "
+                "wrong one); leave it None, and each of num_epochs passes takes the whole batch"
+            )
+        if self.shuffle_batch_per_epoch and self.num_epochs > 1:
+            raise ValueError(
+                f"shuffle_batch_per_epoch=True with num_epochs={self.num_epochs}: RLlib would "
+                "shuffle the batch's steps between passes, and V-trace runs along each row's "
+                "steps in order; set shuffle_batch_per_epoch=False"
+            )
 
     def _check_each_learner_gets_episodes(self) -> None:
         """IMPALA packs the runners' sample lists (``num_envs_per_env_runner x

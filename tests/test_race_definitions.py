@@ -35,7 +35,7 @@ RLLIB_RACES = [
 def all_races() -> list[harness.Race]:
     return [
         *(module.make_race(kind) for module, kind in RLLIB_RACES),
-        tianshou_gorila_vs_dqn.make_race(),
+        *(tianshou_gorila_vs_dqn.make_race(kind) for kind in tianshou_gorila_vs_dqn.RACES),
         *(tianshou_vtrace_vs_ppo.make_race(kind) for kind in tianshou_vtrace_vs_ppo.RACES),
         *(multi_agent_tictactoe.make_race(kind) for kind in multi_agent_tictactoe.RACES),
         *(minatar_race.make_race(kind) for kind in minatar_race.RACES),

@@ -293,6 +293,53 @@ def test_clip_param_bounds_the_policy_term_around_the_behaviour_policy(make_lear
     assert not torch.allclose(loss, plain)
 
 
+def updated_weights(learner, batch, updates: list[dict]) -> dict[str, torch.Tensor]:
+    """``learner``'s module weights after one ``Learner.update`` per entry of ``updates`` (its
+    keywords: ``num_epochs``, ``shuffle_batch_per_epoch``) on ``batch``, the call IMPALA's
+    learner thread makes with the keywords ``training_step`` passes."""
+    from ray.rllib.core.learner.learner import Learner
+    from ray.rllib.core.learner.training_data import TrainingData
+    from ray.rllib.policy.sample_batch import MultiAgentBatch, SampleBatch
+
+    for keywords in updates:
+        rows = SampleBatch({key: value.clone() for key, value in batch.items()})
+        training_data = TrainingData(
+            batch=MultiAgentBatch({DEFAULT_MODULE_ID: rows}, env_steps=len(rows))
+        )
+        Learner.update(
+            learner, training_data=training_data, timesteps={}, minibatch_size=None, **keywords
+        )
+    state = learner.module[DEFAULT_MODULE_ID].state_dict()
+    return {name: value.detach().clone() for name, value in state.items()}
+
+
+def test_num_epochs_passes_each_train_on_the_whole_batch_in_its_order(make_learner):
+    """``num_epochs=2`` (the PPO form's 4 passes, fewer here) is two updates on the whole batch,
+    its rows in order: the same weights as two single-pass updates. RLlib shuffles the flat
+    batch's steps between passes when ``shuffle_batch_per_epoch`` is set, which cuts every
+    row's sequence (hence refused by validate())."""
+    from rllib_plugins import VTraceConfig
+
+    config = loss_settings(
+        VTraceConfig(), vtrace_lambda=0.9, clip_param=0.1, targets_for="old"
+    ).training(lr=1e-2)
+    learners = [make_learner(config) for _ in range(3)]
+    start = learners[0].module[DEFAULT_MODULE_ID].get_state()
+    for learner in learners[1:]:
+        learner.module[DEFAULT_MODULE_ID].set_state(start)
+    before = updated_weights(learners[0], impala_layout_batch(), [])
+    batch = impala_layout_batch()
+    two_passes = updated_weights(learners[0], batch, [{"num_epochs": 2}])
+    one_and_one = updated_weights(learners[1], batch, [{"num_epochs": 1}] * 2)
+    shuffled = updated_weights(
+        learners[2], batch, [{"num_epochs": 2, "shuffle_batch_per_epoch": True}]
+    )
+    assert any(not torch.allclose(two_passes[n], before[n]) for n in two_passes)  # it trained
+    for name, value in two_passes.items():
+        torch.testing.assert_close(value, one_and_one[name], rtol=1e-5, atol=1e-6)
+    assert any(not torch.allclose(two_passes[n], shuffled[n]) for n in two_passes)
+
+
 def test_rllib_impala_drops_the_bootstrap_at_piece_ends_and_vtrace_does_not(make_learner):
     """RLlib 2.60's IMPALA lets the extra step's error -V(x_L) into the last real step, so every
     truncated or cut piece is learned as if the episode ended there: its loss differs from the
@@ -474,6 +521,11 @@ def test_registered_with_tune_and_rllib():
         (lambda c: c.training(clip_param=float("nan")), "clip_param"),
         (lambda c: c.training(clip_param=0.2, targets_for="new"), "targets_for must be"),
         (lambda c: c.training(targets_for="old"), "targets_for='old' .* set clip_param"),
+        (
+            lambda c: c.training(num_epochs=2, shuffle_batch_per_epoch=True),
+            r"shuffle_batch_per_epoch=True .* num_epochs=2",
+        ),
+        (lambda c: c.training(minibatch_size=100), r"minibatch_size=100: .* leave it None"),
         (lambda c: c.central_inference(max_batch_size=0), "max_batch_size"),
         (lambda c: c.central_inference(max_batch_size=2.5), "max_batch_size"),
         (lambda c: c.central_inference(max_wait_ms=-1.0), "max_wait_ms"),
