@@ -8,6 +8,8 @@ Races (``--race``):
 - ``acrobot``: a greedy return of -100 on Acrobot-v1.
 - ``lean``: CartPole-v1 again, both arms, GorilaDQN on the learner's lean gradient step
   (``rllib_plugins/lean_gradients.py``, which came after the ``cartpole`` race's runs).
+- ``ablation``: GorilaDQN alone on CartPole-v1, every run past the target to the cap, one
+  setting changed at a time (``ABLATIONS``), reporting what each arm kept after the target.
 - ``layouts``: how each arm's layout was chosen: GorilaDQN's env runners x envs per runner and
   where RLlib's DQN samples, all on CartPole-v1 (ratios against DQN sampling in the driver).
 
@@ -174,8 +176,9 @@ CAPS_S = {"ablation": 120.0}
 def make_race(
     kind: str = "cartpole", *, cap_s: float | None = None, eval_every_s: float = 5.0, envs=None
 ) -> Race:
-    """The ``kind`` race (``cartpole``, ``acrobot``, ``lean`` or ``layouts``), ``cap_s``
-    training seconds a run at most, a greedy screen every ``eval_every_s`` training seconds."""
+    """The ``kind`` race (``cartpole``, ``acrobot``, ``lean``, ``layouts`` or ``ablation``),
+    ``cap_s`` training seconds a run at most (the race's own by default), a greedy screen every
+    ``eval_every_s`` training seconds."""
     if kind not in RACES:
         raise ValueError(f"race {kind!r}: choose one of {sorted(RACES)}")
     return RACES[kind](cap_s or CAPS_S.get(kind, 600.0), eval_every_s, envs)
@@ -291,8 +294,8 @@ def _ablation(cap_s, eval_every_s, envs) -> Race:
         baseline="GorilaDQN",
         seeds=(0, 1, 2, 3, 4),
         notes=(
-            f"A 2-episode greedy screen every {eval_every_s:g} training seconds (evaluation "
-            "time not counted), every run to its cap; Ray with 2 CPUs per run.",
+            f"A 10-episode greedy evaluation every {eval_every_s:g} training seconds "
+            "(evaluation time not counted), every run to its cap; Ray with 2 CPUs per run.",
         ),
         retention=True,
     )

@@ -250,8 +250,9 @@ ABLATIONS = (
     ),
     ("lr 2.5e-4", {"lr": 2.5e-4}, "a quarter of the learning rate"),
 )
-#: training seconds a run at most, per race
-CAPS_S = {"cartpole": 300.0, "ablation": 240.0}
+#: training seconds a run at most, per race: the ablation's GorilaDQN reached the target in
+#: 77-193 s in the ``cartpole`` race (slower days), so its runs go on to 480 s
+CAPS_S = {"cartpole": 300.0, "ablation": 480.0}
 RACES = tuple(CAPS_S)
 
 
@@ -271,12 +272,15 @@ def make_race(
     if kind not in RACES:
         raise ValueError(f"race {kind!r}: choose one of {list(RACES)}")
     cap_s = cap_s or CAPS_S[kind]
-    notes = (
+    tests = (
         f"Greedy tests of 10 episodes on plain CartPole-v1 every {epoch_steps:,} env steps "
-        "(not counted as training time); SlowCartPole-v1 is CartPole-v1 with 2 ms of "
-        "latency per step, a stand-in for a slow simulator.",
+        "(not counted as training time)"
     )
     if kind == "ablation":
+        if gorila_changes:
+            raise ValueError(
+                f"the ablation race changes one setting per arm itself; got {gorila_changes}"
+            )
         gorila = partial(gorila_arm, epoch_steps=epoch_steps, **GORILA_SETTINGS)
         return Race(
             name="tianshou_gorila_ablation",
@@ -291,7 +295,7 @@ def make_race(
             ),
             baseline="GorilaDQN",
             seeds=(0, 1, 2, 3, 4),
-            notes=notes,
+            notes=(f"{tests}, every run to its cap.",),
             retention=True,
         )
     unknown = set(gorila_changes) - set(GORILA_SETTINGS)
@@ -309,7 +313,10 @@ def make_race(
             Arm("DQN", partial(dqn_arm, epoch_steps=epoch_steps), DQN_NOTE, uses_ray=False),
         ),
         baseline="DQN",
-        notes=notes,
+        notes=(
+            f"{tests}; SlowCartPole-v1 is CartPole-v1 with 2 ms of latency per step, a "
+            "stand-in for a slow simulator.",
+        ),
     )
 
 

@@ -8,11 +8,11 @@ the server only. ``--local`` turns central inference off (IMPALA mode: runners i
 own copy of the policy), for comparison.
 
 The learner trains RLlib IMPALA's tuned CartPole settings with the loss that kept the target in
-the retention race (``docs/benchmarks.md``): PPO's clipped surrogate around the runners'
-behaviour policy with V-trace's targets computed for it (``clip_param=0.1,
-targets_for="old"``, APPO's form), 4 passes over each batch and the value head on layers of its
-own. ``--clip-param 0`` trains IMPALA's loss instead (one pass, shared layers), whose V-trace
-weights then correct for the policy lag.
+the retention race (``docs/benchmarks.md``; raced with ``--local``): PPO's clipped surrogate
+around the runners' behaviour policy with V-trace's targets computed for it
+(``clip_param=0.1, targets_for="old"``, APPO's form), 4 passes over each batch and the value
+head on layers of its own. ``--clip-param 0`` trains IMPALA's loss instead (one pass, shared
+layers), whose V-trace weights then correct for the policy lag.
 
 Tune runs the trial; the progress table shows the server's requests/s, rows per batch, queueing
 latency and the policy lag beside the returns. RLlib's evaluation runner plays the greedy policy

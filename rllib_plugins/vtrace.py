@@ -189,6 +189,7 @@ class VTraceConfig(CentralInferenceSettingsMixin, IMPALAConfig):
             self.env_runner_cls = (
                 VTraceMultiAgentEnvRunner if self.is_multi_agent else VTraceEnvRunner
             )
+        self._check_passes_keep_rows_whole()  # before IMPALA's, which allows some minibatches
         super().validate()
         if self.is_multi_agent and not trained_module_ids(self):
             raise ValueError(
@@ -199,7 +200,6 @@ class VTraceConfig(CentralInferenceSettingsMixin, IMPALAConfig):
         if self.clip_param is not None:
             check_real("clip_param", self.clip_param, low=0.0, strict=True)
         check_targets_for(self.targets_for, self.clip_param, clip_name="clip_param")
-        self._check_passes_keep_rows_whole()
         for name in ("vtrace_clip_rho_threshold", "vtrace_clip_pg_rho_threshold"):
             if getattr(self, name) is not None:  # None: no clipping
                 check_real(name, getattr(self, name), low=0.0, strict=True)
@@ -216,7 +216,8 @@ class VTraceConfig(CentralInferenceSettingsMixin, IMPALAConfig):
         """The learner runs V-trace along rows of ``rollout_fragment_length`` steps cut from
         the whole batch, each row's last step bootstrapping from the first of the next. RLlib's
         minibatches and its shuffle between passes would cut those rows: each of
-        ``num_epochs`` passes must take the whole batch, in order."""
+        ``num_epochs`` passes takes the whole batch, in order
+        (``VTraceTorchLearner._create_iterator_if_necessary``)."""
         if self.minibatch_size is not None:
             raise ValueError(
                 f"minibatch_size={self.minibatch_size!r}: VTrace trains on whole batches (a "
@@ -227,7 +228,7 @@ class VTraceConfig(CentralInferenceSettingsMixin, IMPALAConfig):
             raise ValueError(
                 f"shuffle_batch_per_epoch=True with num_epochs={self.num_epochs}: RLlib would "
                 "shuffle the batch's steps between passes, and V-trace runs along each row's "
-                "steps in order; set shuffle_batch_per_epoch=False"
+                "steps in order; set shuffle_batch_per_epoch=False (or num_epochs=1)"
             )
 
     def _check_each_learner_gets_episodes(self) -> None:

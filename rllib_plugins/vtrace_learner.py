@@ -21,6 +21,7 @@ DDP's gradient all-reduce.
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterable
 from typing import Any
 
 import torch
@@ -77,6 +78,39 @@ class VTraceTorchLearner(OptimizeTrainedModulesOnly, IMPALATorchLearner):
         )
         self.metrics.log_value((ALL_MODULES, UPDATES_SKIPPED_KEY), 1, reduce="lifetime_sum")
         return {}
+
+    def _create_iterator_if_necessary(
+        self,
+        *,
+        training_data: TrainingData,
+        num_epochs: int = 1,
+        minibatch_size: int | None = None,
+        shuffle_batch_per_epoch: bool = False,
+        **kwargs: Any,
+    ) -> Iterable:
+        """Each of ``num_epochs`` passes trains on the whole batch, its rows in order (V-trace
+        runs along them, each bootstrapping from the next). RLlib's own iterator takes passes
+        of ``batch.count`` rows, the batch's env steps: with aggregator actors they were counted
+        before the learner connector added the extra step after each episode piece, and with
+        several agents they are env steps, not a module's rows, so its passes would wrap around
+        the batch and cut rows. ``validate()`` refuses the minibatches and the shuffle this
+        leaves out."""
+        if training_data.data_iterators:
+            return super()._create_iterator_if_necessary(
+                training_data=training_data,
+                num_epochs=num_epochs,
+                minibatch_size=minibatch_size,
+                shuffle_batch_per_epoch=shuffle_batch_per_epoch,
+                **kwargs,
+            )
+        # one pass: the whole batch (nothing, where no module of it is trained)
+        whole = list(super()._create_iterator_if_necessary(training_data=training_data, **kwargs))
+        # Learner.update turns the batch's slicing flag off after each pass
+        return (
+            self._set_slicing_by_batch_id(batch, value=True)
+            for _ in range(num_epochs)
+            for batch in whole
+        )
 
     def _every_learner_has_episodes(self, training_data: TrainingData) -> bool:
         has_episodes = training_data.episodes is None or len(training_data.episodes) > 0
