@@ -99,13 +99,13 @@ COLUMNS = {
 
 def main(argv: list[str] | None = None, *, keep_ray_up: bool = False):
     args = parser.parse_args(argv)
-    mode = "local" if args.local else "central"
-    loss = f"clip {args.clip_param:g}, APPO's targets" if args.clip_param else "IMPALA's loss"
+    mode = "local" if args.local else "SEED"
+    loss = f"APPO's form, clip {args.clip_param:g}" if args.clip_param else "IMPALA's loss"
     return run(
         build_config(args),
         args,
         columns=COLUMNS,
-        title=f"VTrace ({mode} inference, {loss}) on CartPole-v1 (RLlib, rl-dist-ext)",
+        title=f"VTrace on CartPole-v1 (RLlib): {mode}, {loss}",
         keep_ray_up=keep_ray_up,
     )
 
