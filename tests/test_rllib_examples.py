@@ -136,9 +136,9 @@ def test_gorila_cartpole_example_reaches_its_greedy_reward_as_test(
     )
 
 
-# CI runs seed 3: with the example's APPO form (2026-12-06) seeds 0-4 passed 150 at their second
-# check, after 12.9k, 12.1k, 12.1k, 6.5k (the first check) and 13.8k env steps (IMPALA's loss,
-# the example's earlier default: 42k, 37k, 25k, 38k and 40k)
+# CI runs seed 3: with the example's APPO form (2026-12-06) seeds 0-4 passed 150 after 12.9k,
+# 12.1k, 12.1k, 6.5k and 13.8k env steps, at their second check (seed 3 at its first); on
+# IMPALA's loss, the example's earlier default, after 42k, 37k, 25k, 38k and 40k
 @pytest.mark.parametrize("seed", learning_seeds(ci=3))
 def test_seed_vtrace_cartpole_example_reaches_its_greedy_reward_as_test(
     ray_session, examples, tmp_path, seed, learning_curve
