@@ -136,6 +136,24 @@ def test_gorila_cartpole_example_reaches_its_greedy_reward_as_test(
     )
 
 
+def test_seed_vtrace_example_trains_the_settings_its_race_arm_measured(examples, monkeypatch):
+    """The example's default loss is the retention race's "VTrace local, PPO form" arm on RLlib
+    IMPALA's tuned settings (the figures its docs quote); --clip-param 0 is IMPALA's loss."""
+    monkeypatch.syspath_prepend(str(EXAMPLES.parent / "benchmarks"))
+    race = importlib.import_module("rllib_vtrace_vs_appo")
+
+    example = examples("rllib_seed_vtrace_cartpole")
+    assert example.IMPALA_TUNED == race.IMPALA_TUNED
+    arm = dict(race.VARIANTS["VTrace local, PPO form"])
+    config = example.build_config(example.parser.parse_args(["--local"]))
+    assert config.model_config["vf_share_layers"] == arm.pop("vf_share_layers")
+    for key, value in {**race.IMPALA_TUNED, **arm}.items():
+        assert getattr(config, key) == value, key
+    impala = example.build_config(example.parser.parse_args(["--clip-param", "0"]))
+    assert (impala.clip_param, impala.targets_for, impala.num_epochs) == (None, "current", 1)
+    assert impala.model_config["vf_share_layers"]
+
+
 # CI runs seed 3: with the example's APPO form (2026-12-06) seeds 0-4 passed 150 after 12.9k,
 # 12.1k, 12.1k, 6.5k and 13.8k env steps, at their second check (seed 3 at its first); on
 # IMPALA's loss, the example's earlier default, after 42k, 37k, 25k, 38k and 40k
