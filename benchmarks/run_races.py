@@ -121,7 +121,7 @@ QUEUE = (
     ),
     # GorilaDQN (RLlib) past the target, one setting changed at a time (5 seeds, 120 s)
     Queued("rllib_gorila_vs_dqn.py", "ablation"),
-    # GorilaDQN (Tianshou) past the target, one setting changed at a time (5 seeds, 240 s)
+    # GorilaDQN (Tianshou) past the target, one setting changed at a time (5 seeds, 150 s)
     Queued("tianshou_gorila_vs_dqn.py", "ablation", extra=("--throughput-actors",)),
     # the GorilaDQN pairs: their baselines take 3-4 minutes to the target (IQM 213 s and 179 s)
     Queued("rllib_gorila_vs_dqn.py", "lean", retention=True, cap_s=650.0),
