@@ -196,13 +196,7 @@ class VTraceConfig(CentralInferenceSettingsMixin, IMPALAConfig):
                 f"multi_agent(policies_to_train={self.policies_to_train!r}) leaves no module of "
                 f"{sorted(self.policies)} to train"
             )
-        check_real("vtrace_lambda", self.vtrace_lambda, low=0.0, high=1.0)
-        if self.clip_param is not None:
-            check_real("clip_param", self.clip_param, low=0.0, strict=True)
-        check_targets_for(self.targets_for, self.clip_param, clip_name="clip_param")
-        for name in ("vtrace_clip_rho_threshold", "vtrace_clip_pg_rho_threshold"):
-            if getattr(self, name) is not None:  # None: no clipping
-                check_real(name, getattr(self, name), low=0.0, strict=True)
+        self._check_loss_settings()
         if not self.in_evaluation:
             self.validate_central_inference()
             if self.uses_central_inference():
@@ -211,6 +205,31 @@ class VTraceConfig(CentralInferenceSettingsMixin, IMPALAConfig):
                 # would be a process (an RLlib import, several seconds of CPU) for nothing.
                 self.use_env_runner_state_server = False
         self._check_each_learner_gets_episodes()
+
+    def _check_loss_settings(self) -> None:
+        """The loss's settings, the algorithm's and those each module overrides (the learner
+        trains a module on ``get_config_for_module``'s values, which RLlib's validate never
+        sees): an error names the module's overrides where they hold the bad value."""
+        per_module = (self.algorithm_config_overrides_per_module or {}).items()
+        for module_id, changes in [(None, {}), *per_module]:
+
+            def value(name: str, changes=changes):
+                return changes.get(name, getattr(self, name))
+
+            try:
+                check_real("vtrace_lambda", value("vtrace_lambda"), low=0.0, high=1.0)
+                if value("clip_param") is not None:
+                    check_real("clip_param", value("clip_param"), low=0.0, strict=True)
+                check_targets_for(value("targets_for"), value("clip_param"), clip_name="clip_param")
+                for name in ("vtrace_clip_rho_threshold", "vtrace_clip_pg_rho_threshold"):
+                    if value(name) is not None:  # None: no clipping
+                        check_real(name, value(name), low=0.0, strict=True)
+            except ValueError as error:
+                if module_id is None:
+                    raise
+                raise ValueError(
+                    f"algorithm_config_overrides_per_module[{module_id!r}] = {changes!r}: {error}"
+                ) from None
 
     def _check_passes_keep_rows_whole(self) -> None:
         """The learner runs V-trace along rows of ``rollout_fragment_length`` steps cut from
