@@ -147,6 +147,8 @@ def ablation_race(
     """One setting changed at a time, every run past the target to its cap: an arm per
     ``(arm name, keyword changes to run, why the change is a suspect)`` in ``ablations``, the
     first of them the baseline, 5 seeds each, with retention reported."""
+    if not ablations:
+        raise ValueError(f"race {name!r}: ablations must name at least the baseline's arm")
     return Race(
         name=name,
         title=title,

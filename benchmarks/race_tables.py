@@ -63,12 +63,12 @@ def runs_done(report: dict) -> tuple[int, int]:
 
 
 def uneven_arms(report: dict) -> list[str]:
-    """``"<arm> <runs>"`` for each arm (and env, where the race has several) whose finished
-    runs are not one per seed of the race: one still running, or run on a subset or on more
-    seeds."""
+    """``"`<arm>`: <runs>"`` for each arm (and env, where the race has several) whose number
+    of finished runs is not the race's number of seeds: one still running, or run on a subset
+    of the seeds or on more."""
     seeds, several_envs = len(report["seeds"]), len(report["runs"]) > 1
     return [
-        f"{arm}{f' on {env}' if several_envs else ''} {len(records)}"
+        f"`{arm}`{f' on {env}' if several_envs else ''}: {len(records)}"
         for env, by_arm in report["runs"].items()
         for arm, records in by_arm.items()
         if len(records) != seeds
@@ -147,7 +147,7 @@ def page(reports: list[dict]) -> str:
     for report in reports:
         uneven = uneven_arms(report)
         status = (
-            f"; not {len(report['seeds'])} runs for every arm, runs in: {', '.join(uneven)}"
+            f"; not {len(report['seeds'])} runs for every arm, runs in: {'; '.join(uneven)}"
             if uneven
             else ""
         )

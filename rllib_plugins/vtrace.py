@@ -102,6 +102,17 @@ class VTraceMultiAgentEnvRunner(_VTraceServerActing, MultiAgentEnvRunner):
         return trained_module_ids(self.config)
 
 
+#: the settings a module's overrides could change its rollout fragment length with
+FRAGMENT_FIELDS = frozenset(
+    {
+        "rollout_fragment_length",
+        "train_batch_size_per_learner",
+        "num_envs_per_env_runner",
+        "num_env_runners",
+    }
+)
+
+
 class VTraceConfig(CentralInferenceSettingsMixin, IMPALAConfig):
     """IMPALA's config with the V-trace learner and SEED central inference (see module doc)."""
 
@@ -224,12 +235,30 @@ class VTraceConfig(CentralInferenceSettingsMixin, IMPALAConfig):
                 for name in ("vtrace_clip_rho_threshold", "vtrace_clip_pg_rho_threshold"):
                     if value(name) is not None:  # None: no clipping
                         check_real(name, value(name), low=0.0, strict=True)
+                if module_id is not None:
+                    self._check_module_keeps_the_fragments(changes)
             except ValueError as error:
                 if module_id is None:
                     raise
                 raise ValueError(
                     f"algorithm_config_overrides_per_module[{module_id!r}] = {changes!r}: {error}"
                 ) from None
+
+    def _check_module_keeps_the_fragments(self, changes: dict) -> None:
+        """The learner cuts a module's batch into rows of its config's fragment length, and
+        the runners sample fragments of the algorithm's: ``changes`` (a module's overrides)
+        must leave that length as it is."""
+        if not FRAGMENT_FIELDS & set(changes):
+            return
+        ours = self.get_rollout_fragment_length()
+        theirs = self.copy(copy_frozen=False).update_from_dict(changes)
+        if theirs.get_rollout_fragment_length() != ours:
+            raise ValueError(
+                f"the module's settings give rollout fragments of "
+                f"{theirs.get_rollout_fragment_length()} steps, not {ours} as the runners "
+                f"sample them: a module may not change {sorted(FRAGMENT_FIELDS)} so that the "
+                "fragment length differs (V-trace runs along each fragment's steps)"
+            )
 
     def _check_passes_keep_rows_whole(self) -> None:
         """The learner runs V-trace along rows of ``rollout_fragment_length`` steps cut from

@@ -248,3 +248,15 @@ def test_an_ablation_race_changes_one_setting_per_arm_over_the_first_arms():
         "a random policy; the base",
         "a random policy; a suspect",
     ]
+    with pytest.raises(ValueError, match="ablations must name at least the baseline's arm"):
+        harness.ablation_race(
+            "none",
+            "none",
+            random_policy_capped,
+            "",
+            (),
+            envs=("CartPole-v1",),
+            target=1.0,
+            cap_s=1.0,
+            notes=(),
+        )

@@ -265,7 +265,14 @@ def vtrace_spread_config(env=SPREAD, *, runners: int = 2):
 @pytest.mark.parametrize(
     ("overrides", "match"),
     [
-        ({"clip_param": -0.1}, r"overrides_per_module\['shared'\] = .*clip_param must be a number > 0.0, got -0.1"),
+        (
+            {"clip_param": -0.1},
+            r"overrides_per_module\['shared'\] = .*clip_param must be a number > 0.0, got -0.1",
+        ),
+        (
+            {"rollout_fragment_length": 50},
+            r"overrides_per_module\['shared'\] = .*rollout fragments of 50 steps, not 25",
+        ),
         ({"targets_for": "old"}, r"overrides_per_module\['shared'\] = .*set clip_param"),
         ({"vtrace_lambda": 1.5}, r"overrides_per_module\['shared'\] = .*vtrace_lambda"),
     ],
