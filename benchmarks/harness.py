@@ -30,6 +30,7 @@ import time
 import traceback
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -129,6 +130,40 @@ def retention_race(race: Race) -> Race:
     if race.retention:
         return race
     return dataclasses.replace(race, name=f"{race.name}_retention", retention=True)
+
+
+def ablation_race(
+    name: str,
+    title: str,
+    run: Callable[..., dict],
+    note: str,
+    ablations: tuple[tuple[str, dict, str], ...],
+    *,
+    envs: tuple[str, ...],
+    target: float,
+    cap_s: float,
+    notes: tuple[str, ...],
+) -> Race:
+    """One setting changed at a time, every run past the target to its cap: an arm per
+    ``(arm name, keyword changes to run, why the change is a suspect)`` in ``ablations``, the
+    first of them the baseline, 5 seeds each, with retention reported."""
+    if not ablations:
+        raise ValueError(f"race {name!r}: ablations must name at least the baseline's arm")
+    return Race(
+        name=name,
+        title=title,
+        envs=envs,
+        target=target,
+        cap_s=cap_s,
+        arms=tuple(
+            Arm(arm_name, partial(run, **change), f"{note}; {why}")
+            for arm_name, change, why in ablations
+        ),
+        baseline=ablations[0][0],
+        seeds=(0, 1, 2, 3, 4),
+        notes=notes,
+        retention=True,
+    )
 
 
 def run_path(results: Path, race: Race, env: str, arm: str, seed: int) -> Path:

@@ -62,6 +62,19 @@ def runs_done(report: dict) -> tuple[int, int]:
     return done, len(report["envs"]) * len(report["seeds"]) * len(report["arms"])
 
 
+def uneven_arms(report: dict) -> list[str]:
+    """``"`<arm>`: <runs>"`` for each arm (and env, where the race has several) whose number
+    of finished runs is not the race's number of seeds: one still running, or run on a subset
+    of the seeds or on more."""
+    seeds, several_envs = len(report["seeds"]), len(report["runs"]) > 1
+    return [
+        f"`{arm}`{f' on {env}' if several_envs else ''}: {len(records)}"
+        for env, by_arm in report["runs"].items()
+        for arm, records in by_arm.items()
+        if len(records) != seeds
+    ]
+
+
 def wall_hours(report: dict) -> float:
     """The runs' wall time in hours (each run's process from its arm's start to its end)."""
     seconds = sum(
@@ -132,8 +145,12 @@ def page(reports: list[dict]) -> str:
         return "No race has a report on the harness yet.\n"
     lines: list[str] = []
     for report in reports:
-        done, wanted = runs_done(report)
-        status = "" if done >= wanted else f", still running: {done} of {wanted} runs in"
+        uneven = uneven_arms(report)
+        status = (
+            f"; not {len(report['seeds'])} runs for every arm, runs in: {'; '.join(uneven)}"
+            if uneven
+            else ""
+        )
         lines += [
             f"### {report['title']}",
             "",

@@ -31,7 +31,7 @@ from __future__ import annotations
 import argparse
 from functools import partial
 
-from harness import Arm, Race, add_race_arguments, run_and_report
+from harness import Arm, Race, ablation_race, add_race_arguments, run_and_report
 from race import EVAL_ENVS, TARGET, rllib_race_run
 
 ACROBOT_TARGET = -100.0
@@ -280,24 +280,19 @@ ABLATIONS = (
 
 
 def _ablation(cap_s, eval_every_s, envs) -> Race:
-    arm = partial(rllib_arm, eval_every_s=eval_every_s, algorithm="gorila", **GORILA_SETTINGS)
-    return Race(
-        name="rllib_gorila_ablation",
-        title="RLlib GorilaDQN on CartPole-v1 run past a greedy 450: one setting changed at a time",
+    return ablation_race(
+        "rllib_gorila_ablation",
+        "RLlib GorilaDQN on CartPole-v1 run past a greedy 450: one setting changed at a time",
+        partial(rllib_arm, eval_every_s=eval_every_s, algorithm="gorila", **GORILA_SETTINGS),
+        GORILA_NOTE,
+        ABLATIONS,
         envs=tuple(envs or ("CartPole-v1",)),
         target=TARGET,
         cap_s=cap_s,
-        arms=tuple(
-            Arm(name, partial(arm, **change), f"{GORILA_NOTE}; {why}")
-            for name, change, why in ABLATIONS
-        ),
-        baseline="GorilaDQN",
-        seeds=(0, 1, 2, 3, 4),
         notes=(
             f"A 10-episode greedy evaluation every {eval_every_s:g} training seconds "
             "(evaluation time not counted), every run to its cap; Ray with 2 CPUs per run.",
         ),
-        retention=True,
     )
 
 

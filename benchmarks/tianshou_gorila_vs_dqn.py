@@ -39,7 +39,7 @@ from types import SimpleNamespace
 import numpy as np
 import ray
 import torch
-from harness import Arm, Race, add_race_arguments, run_and_report
+from harness import Arm, Race, ablation_race, add_race_arguments, run_and_report
 from race import TARGET
 from slow_env import slow_cartpole
 from tianshou.algorithm import DQN
@@ -277,22 +277,17 @@ def make_race(
             raise ValueError(
                 f"the ablation race changes one setting per arm itself; got {gorila_changes}"
             )
-        gorila = partial(gorila_arm, epoch_steps=epoch_steps, **GORILA_SETTINGS)
-        return Race(
-            name="tianshou_gorila_ablation",
-            title="Tianshou GorilaDQN on CartPole-v1 run past a greedy 450: one setting changed "
-            "at a time",
+        return ablation_race(
+            "tianshou_gorila_ablation",
+            "Tianshou GorilaDQN on CartPole-v1 run past a greedy 450: one setting changed at a "
+            "time",
+            partial(gorila_arm, epoch_steps=epoch_steps, **GORILA_SETTINGS),
+            GORILA_NOTE,
+            ABLATIONS,
             envs=tuple(envs or ("CartPole-v1",)),
             target=TARGET,
             cap_s=cap_s,
-            arms=tuple(
-                Arm(name, partial(gorila, **change), f"{GORILA_NOTE}; {why}")
-                for name, change, why in ABLATIONS
-            ),
-            baseline="GorilaDQN",
-            seeds=(0, 1, 2, 3, 4),
             notes=(f"{tests}, every run to its cap.",),
-            retention=True,
         )
     unknown = set(gorila_changes) - set(GORILA_SETTINGS)
     if unknown:

@@ -50,7 +50,7 @@ from types import SimpleNamespace
 
 import numpy as np
 import torch
-from harness import Arm, Race, add_race_arguments, run_and_report
+from harness import Arm, Race, ablation_race, add_race_arguments, run_and_report
 from race import TARGET
 from results_files import write_results
 from slow_env import slow_cartpole
@@ -368,22 +368,17 @@ def make_race(
             notes=notes + ray_notes,
         )
     if kind == "ablation":
-        vtrace = partial(vtrace_arm, epoch_steps=epoch_steps, central=False, **VTRACE_SETTINGS)
-        return Race(
-            name="tianshou_vtrace_ablation",
-            title="Tianshou VTrace on CartPole-v1 run past a greedy 450: one setting changed at "
-            "a time, then two",
+        return ablation_race(
+            "tianshou_vtrace_ablation",
+            "Tianshou VTrace on CartPole-v1 run past a greedy 450: one setting changed at a "
+            "time, then two",
+            partial(vtrace_arm, epoch_steps=epoch_steps, central=False, **VTRACE_SETTINGS),
+            VTRACE_NOTE,
+            ABLATIONS,
             envs=tuple(envs or ("CartPole-v1",)),
             target=TARGET,
             cap_s=cap_s,
-            arms=tuple(
-                Arm(name, partial(vtrace, **change), f"{VTRACE_NOTE}; {why}")
-                for name, change, why in ABLATIONS
-            ),
-            baseline="VTrace",
-            seeds=(0, 1, 2, 3, 4),
             notes=notes + ray_notes,
-            retention=True,
         )
     return Race(  # kind == "layouts"
         name="tianshou_vtrace_baseline_layouts",

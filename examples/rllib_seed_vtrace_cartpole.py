@@ -34,6 +34,16 @@ from rllib_script import example_parser, greedy_evaluation, run
 
 from rllib_plugins import VTraceConfig
 
+#: RLlib IMPALA's tuned CartPole settings, which the loss's race arms share
+IMPALA_TUNED = {
+    "lr": 5e-4,
+    "train_batch_size_per_learner": 500,
+    "grad_clip": 40.0,
+    "grad_clip_by": "global_norm",
+    "vf_loss_coeff": 0.05,
+    "entropy_coeff": 0.0,
+}
+
 parser = example_parser(
     algo="VTrace",
     out="rllib_seed_vtrace",
@@ -54,15 +64,6 @@ parser.add_argument(
     help="PPO's clip around the behaviour policy, APPO's targets, 4 passes (0: IMPALA's loss)",
 )
 parser.add_argument("--max-batch-size", type=int, default=64, help="observations per batch")
-#: RLlib IMPALA's tuned CartPole settings, which the loss's race arms share
-IMPALA_TUNED = {
-    "lr": 5e-4,
-    "train_batch_size_per_learner": 500,
-    "grad_clip": 40.0,
-    "grad_clip_by": "global_norm",
-    "vf_loss_coeff": 0.05,
-    "entropy_coeff": 0.0,
-}
 parser.add_argument("--max-wait-ms", type=float, default=1.0, help="batching wait")
 
 

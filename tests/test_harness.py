@@ -228,3 +228,35 @@ def test_a_retention_race_runs_past_the_target_and_reports_what_each_arm_kept(tm
     }
     table = (tmp_path / "tiny_race_retention.md").read_text()
     assert "| random | 0/1 | 0 | n/a | n/a |" in table
+
+
+def test_an_ablation_race_changes_one_setting_per_arm_over_the_first_arms():
+    the_race = harness.ablation_race(
+        "tiny_ablation",
+        "depth, one change at a time",
+        partial(random_policy_capped, depth=1),
+        "a random policy",
+        (("as is", {}, "the base"), ("deeper", {"depth": 3}, "a suspect")),
+        envs=("CartPole-v1",),
+        target=200.0,
+        cap_s=0.2,
+        notes=("tiny",),
+    )
+    assert the_race.baseline == "as is" and the_race.retention and the_race.seeds == (0, 1, 2, 3, 4)
+    assert [harness.arm_settings(arm) for arm in the_race.arms] == [{"depth": 1}, {"depth": 3}]
+    assert [arm.note for arm in the_race.arms] == [
+        "a random policy; the base",
+        "a random policy; a suspect",
+    ]
+    with pytest.raises(ValueError, match="ablations must name at least the baseline's arm"):
+        harness.ablation_race(
+            "none",
+            "none",
+            random_policy_capped,
+            "",
+            (),
+            envs=("CartPole-v1",),
+            target=1.0,
+            cap_s=1.0,
+            notes=(),
+        )

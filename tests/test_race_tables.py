@@ -87,7 +87,15 @@ def test_a_race_still_running_says_how_many_runs_are_in(tmp_path):
     harness.write_report(race, tmp_path)
     (report,) = race_tables.load_reports(tmp_path)
     assert race_tables.headline([report]).splitlines()[2].endswith("| 3/8 (running) |")
-    assert "still running: 3 of 8 runs in" in race_tables.page([report])
+    assert "not 4 runs for every arm, runs in: `ours`: 2; `theirs`: 1" in race_tables.page([report])
+
+
+def test_a_race_with_more_seeds_for_some_arms_says_which(tmp_path):
+    race = _race()
+    _write_runs(tmp_path, race, {"ours": [10, 11, 12, 13, 14, 15], "theirs": [40, 41, 42, 43]})
+    harness.write_report(race, tmp_path)
+    (report,) = race_tables.load_reports(tmp_path)
+    assert "not 4 runs for every arm, runs in: `ours`: 6." in race_tables.page([report])
 
 
 def test_no_table_claims_faster_before_every_seed_of_both_arms_is_in(tmp_path):

@@ -262,6 +262,44 @@ def vtrace_spread_config(env=SPREAD, *, runners: int = 2):
     )
 
 
+@pytest.mark.parametrize(
+    ("overrides", "match"),
+    [
+        (
+            {"clip_param": -0.1},
+            r"overrides_per_module\['shared'\] = .*clip_param must be a number > 0.0, got -0.1",
+        ),
+        (
+            {"rollout_fragment_length": 50},
+            r"overrides_per_module\['shared'\] = .*rollout fragments of 50 steps, not 25",
+        ),
+        ({"targets_for": "old"}, r"overrides_per_module\['shared'\] = .*set clip_param"),
+        ({"vtrace_lambda": 1.5}, r"overrides_per_module\['shared'\] = .*vtrace_lambda"),
+    ],
+)
+def test_a_modules_bad_vtrace_override_is_refused_naming_the_module(overrides, match):
+    """The learner trains each module on its own overrides (``get_config_for_module``), which
+    RLlib's validate leaves unchecked."""
+    from rllib_plugins import VTraceConfig
+
+    config = vtrace_spread_config().multi_agent(
+        algorithm_config_overrides_per_module={"shared": VTraceConfig.overrides(**overrides)}
+    )
+    with pytest.raises(ValueError, match=match):
+        config.validate()
+
+
+def test_a_modules_vtrace_overrides_may_set_what_the_algorithms_settings_lack():
+    from rllib_plugins import VTraceConfig
+
+    shared = VTraceConfig.overrides(clip_param=0.2, targets_for="old")
+    config = vtrace_spread_config().multi_agent(
+        algorithm_config_overrides_per_module={"shared": shared}
+    )
+    config.validate()
+    assert config.get_config_for_module("shared").clip_param == 0.2
+
+
 def test_vtrace_trains_a_shared_module_on_an_aec_env_in_seed_mode(envs):
     """(VTrace on the parallel env with local inference trains in its learning test,
     test_rllib_multi_agent_training.py.)"""
