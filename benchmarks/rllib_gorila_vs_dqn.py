@@ -276,8 +276,8 @@ ABLATIONS = (
         {"replay": {"capacity": 400_000}, "training": {"lr": 5e-4}},
         "the whole run kept in the replay, at half the learning rate",
     ),
-    # then (seeds 5-9 of the defaults, replay 400k and lr 5e-4: over 10 seeds 76 %, 89 % and
-    # 85 % kept; the two together, 98 % over 5, cost 1.70x the time): the replay ratio,
+    # then (seeds 5-9 of the defaults, replay 400k and lr 5e-4: over 10 seeds they keep 75 %,
+    # 78 % and 78 %; the two together, 98 % over 5, cost 1.70x the time): the replay ratio,
     # alone and with the whole run kept
     (
         "8 samples per insert",
