@@ -102,17 +102,6 @@ class VTraceMultiAgentEnvRunner(_VTraceServerActing, MultiAgentEnvRunner):
         return trained_module_ids(self.config)
 
 
-#: the settings a module's overrides could change its rollout fragment length with
-FRAGMENT_FIELDS = frozenset(
-    {
-        "rollout_fragment_length",
-        "train_batch_size_per_learner",
-        "num_envs_per_env_runner",
-        "num_env_runners",
-    }
-)
-
-
 class VTraceConfig(CentralInferenceSettingsMixin, IMPALAConfig):
     """IMPALA's config with the V-trace learner and SEED central inference (see module doc)."""
 
@@ -218,47 +207,41 @@ class VTraceConfig(CentralInferenceSettingsMixin, IMPALAConfig):
         self._check_each_learner_gets_episodes()
 
     def _check_loss_settings(self) -> None:
-        """The loss's settings, the algorithm's and those each module overrides (the learner
-        trains a module on ``get_config_for_module``'s values, which RLlib's validate never
-        sees): an error names the module's overrides where they hold the bad value."""
+        """The loss's settings, the algorithm's and each module's: the learner trains a module
+        on its ``get_config_for_module`` (this config updated with the module's overrides),
+        which RLlib's validate never sees. A module's error names its overrides; a module may
+        not change the rollout fragment length, along whose rows V-trace runs (the runners
+        sample the algorithm's)."""
+        fragment = self.get_rollout_fragment_length()
         per_module = (self.algorithm_config_overrides_per_module or {}).items()
         for module_id, changes in [(None, {}), *per_module]:
-
-            def value(name: str, changes=changes):
-                return changes.get(name, getattr(self, name))
-
             try:
-                check_real("vtrace_lambda", value("vtrace_lambda"), low=0.0, high=1.0)
-                if value("clip_param") is not None:
-                    check_real("clip_param", value("clip_param"), low=0.0, strict=True)
-                check_targets_for(value("targets_for"), value("clip_param"), clip_name="clip_param")
+                # as get_config_for_module builds it, without caching a copy made mid-validate
+                config = (
+                    self
+                    if module_id is None
+                    else self.copy(copy_frozen=False).update_from_dict(changes)
+                )
+                check_real("vtrace_lambda", config.vtrace_lambda, low=0.0, high=1.0)
+                if config.clip_param is not None:
+                    check_real("clip_param", config.clip_param, low=0.0, strict=True)
+                check_targets_for(config.targets_for, config.clip_param, clip_name="clip_param")
                 for name in ("vtrace_clip_rho_threshold", "vtrace_clip_pg_rho_threshold"):
-                    if value(name) is not None:  # None: no clipping
-                        check_real(name, value(name), low=0.0, strict=True)
-                if module_id is not None:
-                    self._check_module_keeps_the_fragments(changes)
+                    if getattr(config, name) is not None:  # None: no clipping
+                        check_real(name, getattr(config, name), low=0.0, strict=True)
+                if config.get_rollout_fragment_length() != fragment:
+                    raise ValueError(
+                        f"the module's settings give rollout fragments of "
+                        f"{config.get_rollout_fragment_length()} steps, not {fragment} as the "
+                        "runners sample them: a module may not change the fragment length "
+                        "(V-trace runs along each fragment's steps)"
+                    )
             except ValueError as error:
                 if module_id is None:
                     raise
                 raise ValueError(
                     f"algorithm_config_overrides_per_module[{module_id!r}] = {changes!r}: {error}"
                 ) from None
-
-    def _check_module_keeps_the_fragments(self, changes: dict) -> None:
-        """The learner cuts a module's batch into rows of its config's fragment length, and
-        the runners sample fragments of the algorithm's: ``changes`` (a module's overrides)
-        must leave that length as it is."""
-        if not FRAGMENT_FIELDS & set(changes):
-            return
-        ours = self.get_rollout_fragment_length()
-        theirs = self.copy(copy_frozen=False).update_from_dict(changes)
-        if theirs.get_rollout_fragment_length() != ours:
-            raise ValueError(
-                f"the module's settings give rollout fragments of "
-                f"{theirs.get_rollout_fragment_length()} steps, not {ours} as the runners "
-                f"sample them: a module may not change {sorted(FRAGMENT_FIELDS)} so that the "
-                "fragment length differs (V-trace runs along each fragment's steps)"
-            )
 
     def _check_passes_keep_rows_whole(self) -> None:
         """The learner runs V-trace along rows of ``rollout_fragment_length`` steps cut from
