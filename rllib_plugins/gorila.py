@@ -106,7 +106,8 @@ class GorilaDQNConfig(CentralInferenceSettingsMixin, DQNConfig):
       paid once per k); the learner publishes weights every ``publish_every_n_updates``
       updates; runner ``i`` of ``N`` explores
       with Ape-X epsilon ``epsilon_base ** (1 + (i - 1) / (N - 1) * epsilon_alpha)``. DQN's
-      ``lr`` defaults to 1e-3 and ``train_batch_size_per_learner`` to 128 here.
+      ``lr`` defaults to 1e-3 and ``train_batch_size_per_learner`` to 128 here; DQN's
+      ``adam_epsilon`` is the learner's Adam epsilon (RLlib's own learner leaves it unused).
     - ``.replay(num_shards=..., capacity=..., samples_per_insert=..., prioritized=..., ...)``:
       the distributed replay; every field of
       :class:`rl_dist_ext.replay.distributed.DistributedReplayConfig`, with its defaults except
@@ -336,6 +337,7 @@ class GorilaDQNConfig(CentralInferenceSettingsMixin, DQNConfig):
             )
         check_real("epsilon_base", self.epsilon_base, low=0.0, high=1.0)
         check_real("epsilon_alpha", self.epsilon_alpha, low=0.0)
+        check_real("adam_epsilon", self.adam_epsilon, low=0.0, strict=True)
         check_encoding(self.weights_encoding)
         check_real("weights_delta_tolerance", self.weights_delta_tolerance, low=0.0, strict=True)
         if self.num_atoms != 1:

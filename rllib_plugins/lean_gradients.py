@@ -12,7 +12,9 @@ quarter of a GorilaDQN update on CartPole (``benchmarks/learner_bench.py --profi
   the norm logged under RLlib's key;
 - one finiteness check per step (a finite global norm means every gradient is finite), none
   more where the clipping norm already showed it;
-- Adam with ``fused=True`` where torch has the fused kernel for the parameters.
+- Adam with ``fused=True`` where torch has the fused kernel for the parameters, and with the
+  config's ``adam_epsilon`` where it has one (DQN's config documents it as Adam's epsilon;
+  RLlib's own torch learner builds Adam with torch's default and leaves it unused).
 
 Whenever a gradient is not finite, or RLlib's mixed-precision scalers or torch LR schedulers are
 configured, or a module has several optimizers, RLlib's own methods run instead, so their
@@ -27,6 +29,8 @@ import torch
 
 #: Devices whose Adam has a fused kernel for float parameters.
 FUSED_ADAM_DEVICES = ("cpu", "cuda")
+#: torch's Adam epsilon: the optimizer's for configs without an ``adam_epsilon``.
+TORCH_ADAM_EPSILON = 1e-8
 
 
 def fused_adam_supported(params: list[torch.Tensor]) -> bool:
@@ -61,11 +65,13 @@ class LeanGradients:
         return super().postprocess_gradients(gradients_dict)
 
     def configure_optimizers_for_module(self, module_id, config=None) -> None:
-        """RLlib's default optimizer (Adam at ``config.lr``, its schedule included), fused."""
+        """RLlib's default optimizer (Adam at ``config.lr``, its schedule included), fused, with
+        the config's ``adam_epsilon``."""
         params = self.get_parameters(self.module[module_id])
+        eps = getattr(config, "adam_epsilon", TORCH_ADAM_EPSILON)
         self.register_optimizer(
             module_id=module_id,
-            optimizer=torch.optim.Adam(params, fused=fused_adam_supported(params)),
+            optimizer=torch.optim.Adam(params, eps=eps, fused=fused_adam_supported(params)),
             params=params,
             lr_or_lr_schedule=config.lr,
         )

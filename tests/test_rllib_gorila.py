@@ -91,6 +91,7 @@ def test_registered_with_tune_and_rllib(ray_session):
         (lambda c: c.training(n_step=(1, 3)), "n_step"),
         (lambda c: c.training(num_atoms=51), "num_atoms"),
         (lambda c: c.training(noisy=True), "noisy"),
+        (lambda c: c.training(adam_epsilon=0.0), "adam_epsilon must be a number > 0.0, got 0.0"),
         (lambda c: c.training(target_network_update_freq=1000), "target_update_every_n_updates"),
         (lambda c: c.replay(alpha=-0.5), "alpha"),
         (lambda c: c.replay(beta=2.0), "beta"),
@@ -104,6 +105,18 @@ def test_bad_config_values_raise_on_validate(change, match):
     config = change(small_config())
     with pytest.raises(ValueError, match=match):
         config.validate()
+
+
+def test_the_adam_epsilon_reaches_the_learners_optimizer():
+    """DQNConfig's ``adam_epsilon`` (documented as Adam's epsilon; RLlib's new-stack learner
+    builds Adam without it) is the epsilon of GorilaDQN's optimizer."""
+    import gymnasium as gym
+
+    for eps in (1e-8, 1e-3):
+        config = small_config().training(adam_epsilon=eps).learners(num_learners=0)
+        learner = config.build_learner(env=gym.make("CartPole-v1"))
+        [optimizer] = learner.get_optimizers_for_module("default_policy")
+        assert [group["eps"] for group in optimizer[1].param_groups] == [eps]
 
 
 def test_replay_settings_reach_the_replay_config():
