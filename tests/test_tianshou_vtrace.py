@@ -654,6 +654,57 @@ def test_actors_report_whole_episodes_across_trajectories():
     np.testing.assert_allclose(returns, lens)
 
 
+@pytest.mark.parametrize("stepping", ["sequential", "threads"])
+def test_an_actors_sampled_rollout_is_the_tianshou_collectors_on_the_same_seeds(stepping):
+    """VTraceActor.sample_rollout (one forward per vector step, no Collector) against
+    Tianshou's Collector from the same env state and torch seed: the same steps, episodes
+    crossing trajectories and ending in them (resets), and log-probs that are the policy's."""
+    from rl_dist_ext.params import ParameterServer
+    from tianshou_plugins.actor import EnvActor, VTraceActor
+    from tianshou_plugins.weights import cpu_state_dict
+
+    algo = make_algo()
+    server = ParameterServer()
+    server.publish(cpu_state_dict(algo.policy), 0)
+
+    def actor() -> VTraceActor:
+        return VTraceActor(
+            policy=algo.policy,
+            env_factory=make_cartpole,
+            num_envs=3,
+            weights_server=server,
+            weight_sync_every_n_steps=10**6,
+            steps_per_env=16,
+            actor_index=1,
+            seed=5,
+            env_stepping=stepping,
+        )
+
+    sampled, reference = actor(), actor()
+    ended = 0
+    try:
+        for rollout in range(4):
+            torch.manual_seed(rollout)
+            columns, recorded = sampled.sample_rollout()
+            torch.manual_seed(rollout)
+            expected, _ = EnvActor.collect_rollout(reference)
+            assert columns.keys() == expected.keys()
+            for name, value in expected.items():
+                assert columns[name].shape == value.shape and value.shape[:2] == (16, 3), name
+                assert columns[name].dtype == value.dtype, name
+                np.testing.assert_array_equal(columns[name], value, err_msg=name)
+            np.testing.assert_allclose(
+                recorded["logp"],
+                behaviour_log_probs(algo.policy, expected["obs"], expected["actions"]),
+                rtol=1e-6,
+            )
+            ended += int((columns["terminated"] | columns["truncated"]).sum())
+    finally:
+        sampled.envs.close()
+        reference.envs.close()
+    assert ended >= 2  # episodes ended inside the rollouts: the resets were compared too
+
+
 # ---- Ray: SEED mode (central inference) ---------------------------------------------------------
 def test_seed_mode_actors_act_through_the_server_and_survive_its_death(cluster):
     """The actors act on the server's log-probs and versions; a killed server is restarted by

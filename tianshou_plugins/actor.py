@@ -410,16 +410,21 @@ def acting_version_of(recorded: dict[str, np.ndarray]) -> float | None:
     return float(np.mean(recorded["version"])) if "version" in recorded else None
 
 
+def action_distribution(policy: ProbabilisticActorPolicy, obs: np.ndarray) -> Any:
+    """``policy``'s action distribution at a batch of observations, as its ``forward`` builds
+    it (no gradients)."""
+    with torch.no_grad():
+        return policy.dist_fn(policy.actor(torch.as_tensor(obs), state=None, info={})[0])
+
+
 def behaviour_log_probs(
     policy: ProbabilisticActorPolicy, obs: np.ndarray, actions: np.ndarray
 ) -> np.ndarray:
     """``[T, B]`` log mu(a_t|x_t) of ``[T, B, ...]`` steps under ``policy``'s current weights."""
     num_steps, num_envs = actions.shape[:2]
-    with torch.no_grad():
-        flat_obs = torch.as_tensor(obs.reshape(num_steps * num_envs, *obs.shape[2:]))
-        dist = policy.dist_fn(policy.actor(flat_obs, state=None, info={})[0])
-        flat_actions = torch.as_tensor(actions.reshape(num_steps * num_envs, *actions.shape[2:]))
-        return dist.log_prob(flat_actions).reshape(num_steps, num_envs).cpu().numpy()
+    dist = action_distribution(policy, obs.reshape(num_steps * num_envs, *obs.shape[2:]))
+    flat_actions = torch.as_tensor(actions.reshape(num_steps * num_envs, *actions.shape[2:]))
+    return dist.log_prob(flat_actions).reshape(num_steps, num_envs).cpu().numpy()
 
 
 class VTraceActor(EnvActor):
@@ -428,10 +433,14 @@ class VTraceActor(EnvActor):
     Each :meth:`collect_trajectory` is one core actor step
     (:class:`rl_dist_ext.impala.TrajectoryActorStep`): pull newer weights when
     ``weight_sync_every_n_steps`` env steps have passed, step every env ``steps_per_env`` times
-    with the local policy (sampling its distribution), record log mu(a|x). Weights change only
-    between trajectories, so the log-probs are those of the weights that acted: they are
-    computed in one batched pass after acting. In SEED mode (``inference_server`` given) the
-    server samples the actions and its replies carry log mu(a|x) and the version that acted.
+    with the local policy (sampling its distribution), record log mu(a|x). The local policy
+    acts in :meth:`sample_rollout`, one forward pass per vector step that also gives the
+    log-probs of the sampled actions, without Tianshou's ``Collector``: its batches per step
+    cost more than the step of a fast env and the forward pass together (``benchmarks/
+    tianshou_vtrace_vs_ppo.py --throughput``), and the trajectory is the same (tested against
+    the ``Collector``'s on the same seeds). In SEED mode (``inference_server`` given) the
+    server samples the actions through the ``Collector`` and its replies carry log mu(a|x) and
+    the version that acted.
 
     Args:
         policy: the learner's ``ProbabilisticActorPolicy`` (a copy is kept, on the CPU).
@@ -472,10 +481,60 @@ class VTraceActor(EnvActor):
             name=f"actor {actor_index}",
         )
         self._step.pull_weights(functools.partial(load_cpu_state_dict, self.policy))
+        self._obs = self.reset_envs()[0]  # each env's current observation
 
     @property
     def weights_version(self) -> int:
         return self._step.weights_version
+
+    def reset_envs(self) -> tuple[np.ndarray, np.ndarray]:
+        self._obs, info = super().reset_envs()
+        return self._obs, info
+
+    def collect_rollout(self) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+        """:meth:`sample_rollout` with the local policy; the ``Collector``'s in SEED mode."""
+        if self.server is not None:
+            return super().collect_rollout()
+        return self.sample_rollout()
+
+    def sample_rollout(self) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+        """Step every env ``steps_per_env`` times, sampling the local policy's distribution:
+        the steps as ``[T, M]`` arrays, as :meth:`EnvActor.collect_rollout` returns them, and
+        ``{"logp": [T, M]}``, the log-probs of the sampled actions. An env whose episode ends
+        is reset, and its next step starts the new episode."""
+        steps: dict[str, list[np.ndarray]] = {
+            name: []
+            for name in ("obs", "actions", "rewards", "next_obs", "terminated", "truncated")
+        }
+        logps = []
+        obs = self._obs
+        for _ in range(self._steps_per_env):
+            dist = action_distribution(self.policy, obs)
+            actions = dist.sample()
+            logps.append(dist.log_prob(actions).numpy())
+            actions = actions.numpy()
+            next_obs, rewards, terminated, truncated, _ = self.envs.step(
+                self.policy.map_action(actions)
+            )
+            for name, value in zip(
+                steps, (obs, actions, rewards, next_obs, terminated, truncated), strict=True
+            ):
+                steps[name].append(value)
+            obs = next_obs
+            ended = np.flatnonzero(np.logical_or(terminated, truncated))
+            if ended.size:
+                obs = next_obs.copy()
+                obs[ended] = self.envs.reset(env_id=ended)[0]
+        self._obs = obs
+        columns = {
+            "obs": observation_array(np.stack(steps["obs"])),
+            "actions": np.stack(steps["actions"]),
+            "rewards": np.stack(steps["rewards"]).astype(np.float32),
+            "next_obs": observation_array(np.stack(steps["next_obs"])),
+            "terminated": np.stack(steps["terminated"]).astype(bool),
+            "truncated": np.stack(steps["truncated"]).astype(bool),
+        }
+        return columns, {"logp": np.stack(logps)}
 
     def collect_trajectory(self) -> dict[str, Any]:
         """One core actor step of ``num_envs * steps_per_env`` env steps: the trajectory and
@@ -488,12 +547,8 @@ class VTraceActor(EnvActor):
             columns, replies = self.collect_rollout()
             recorded.update(replies)
             episodes.append(self.episode_stats(columns))
-            if "logp" in recorded:  # SEED: the server's log-probs of its sampled actions
-                columns["behaviour_logp"] = recorded["logp"].astype(np.float32)
-            else:
-                columns["behaviour_logp"] = behaviour_log_probs(
-                    self.policy, columns["obs"], columns["actions"]
-                )
+            # log mu(a|x) of the sampled actions: the local policy's or the server's
+            columns["behaviour_logp"] = recorded["logp"].astype(np.float32)
             return columns
 
         trajectory = self._step.run(
