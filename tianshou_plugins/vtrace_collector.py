@@ -1,7 +1,8 @@
 """``VTraceCollector``: IMPALA's asynchronous actors behind Tianshou's collector interface.
 
-N Ray actors (:class:`~tianshou_plugins.actor.VTraceActor`) each run Tianshou's own ``Collector``
-over ``envs_per_actor`` envs with a local copy of the policy, and return fixed-length
+N Ray actors (:class:`~tianshou_plugins.actor.VTraceActor`) each step ``envs_per_actor`` envs
+with a local copy of the policy (one forward pass per vector step; in SEED mode Tianshou's own
+``Collector`` asks the inference server), and return fixed-length
 trajectories (``steps_per_env`` steps of every env; episode ends and truncations marked, the
 rollout's end a cut) with the behaviour log-probs and the weights version that acted. Each keeps
 ``max_in_flight_per_actor`` trajectories queued, so acting goes on while the learner trains and
