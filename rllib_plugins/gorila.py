@@ -338,6 +338,14 @@ class GorilaDQNConfig(CentralInferenceSettingsMixin, DQNConfig):
         check_real("epsilon_base", self.epsilon_base, low=0.0, high=1.0)
         check_real("epsilon_alpha", self.epsilon_alpha, low=0.0)
         check_real("adam_epsilon", self.adam_epsilon, low=0.0, strict=True)
+        for module_id, overrides in (self.algorithm_config_overrides_per_module or {}).items():
+            if "adam_epsilon" in overrides:  # each module's learner builds its Adam with it
+                check_real(
+                    f"algorithm_config_overrides_per_module[{module_id!r}]['adam_epsilon']",
+                    overrides["adam_epsilon"],
+                    low=0.0,
+                    strict=True,
+                )
         check_encoding(self.weights_encoding)
         check_real("weights_delta_tolerance", self.weights_delta_tolerance, low=0.0, strict=True)
         if self.num_atoms != 1:

@@ -92,6 +92,12 @@ def test_registered_with_tune_and_rllib(ray_session):
         (lambda c: c.training(num_atoms=51), "num_atoms"),
         (lambda c: c.training(noisy=True), "noisy"),
         (lambda c: c.training(adam_epsilon=0.0), "adam_epsilon must be a number > 0.0, got 0.0"),
+        (
+            lambda c: c.multi_agent(
+                algorithm_config_overrides_per_module={"default_policy": {"adam_epsilon": -1}}
+            ),
+            r"\['default_policy'\]\['adam_epsilon'\] must be a number > 0.0, got -1",
+        ),
         (lambda c: c.training(target_network_update_freq=1000), "target_update_every_n_updates"),
         (lambda c: c.replay(alpha=-0.5), "alpha"),
         (lambda c: c.replay(beta=2.0), "beta"),

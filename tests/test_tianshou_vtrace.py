@@ -705,6 +705,37 @@ def test_an_actors_sampled_rollout_is_the_tianshou_collectors_on_the_same_seeds(
     assert ended >= 2  # episodes ended inside the rollouts: the resets were compared too
 
 
+def test_an_actor_samples_with_its_networks_in_eval_mode():
+    """As Tianshou's Collector acts (dropout off, batch norm on its running stats), and the
+    actor's networks are back in their own mode after the rollout."""
+    from rl_dist_ext.params import ParameterServer
+    from tianshou_plugins.actor import VTraceActor
+    from tianshou_plugins.weights import cpu_state_dict
+
+    algo = make_algo()
+    server = ParameterServer()
+    server.publish(cpu_state_dict(algo.policy), 0)
+    actor = VTraceActor(
+        policy=algo.policy,
+        env_factory=make_cartpole,
+        num_envs=2,
+        weights_server=server,
+        weight_sync_every_n_steps=10**6,
+        steps_per_env=4,
+        actor_index=0,
+        seed=0,
+    )
+    modes = []
+    actor.policy.actor.register_forward_hook(lambda module, *_: modes.append(module.training))
+    actor.policy.train()
+    try:
+        actor.collect_trajectory()
+    finally:
+        actor.envs.close()
+    assert modes == [False] * 4
+    assert actor.policy.training and actor.policy.actor.training
+
+
 # ---- Ray: SEED mode (central inference) ---------------------------------------------------------
 def test_seed_mode_actors_act_through_the_server_and_survive_its_death(cluster):
     """The actors act on the server's log-probs and versions; a killed server is restarted by

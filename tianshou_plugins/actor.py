@@ -1,4 +1,4 @@
-"""The acting processes: Tianshou's own ``Collector`` over ``M`` envs with a local policy copy.
+"""The acting processes: ``M`` envs and a local policy copy (or a SEED server) each.
 
 Plain classes (unit-testable without Ray); the collectors start N of them as Ray actors.
 :class:`EnvActor` is what they share (envs, seeds, a ``[T, M]`` rollout). Each call of
@@ -26,6 +26,7 @@ from tianshou.algorithm.algorithm_base import Policy, policy_within_training_ste
 from tianshou.algorithm.modelfree.dqn import DiscreteQLearningPolicy
 from tianshou.algorithm.modelfree.reinforce import ProbabilisticActorPolicy
 from tianshou.data import Collector, VectorReplayBuffer
+from tianshou.utils.torch_utils import torch_train_mode
 
 from rl_dist_ext.gorila import ActorStep, ModuleRollouts, Rollout
 from rl_dist_ext.gorila.turns import TurnAssembler, transitions_to_rollout
@@ -501,30 +502,32 @@ class VTraceActor(EnvActor):
         """Step every env ``steps_per_env`` times, sampling the local policy's distribution:
         the steps as ``[T, M]`` arrays, as :meth:`EnvActor.collect_rollout` returns them, and
         ``{"logp": [T, M]}``, the log-probs of the sampled actions. An env whose episode ends
-        is reset, and its next step starts the new episode."""
+        is reset, and its next step starts the new episode. The networks run in eval mode, as
+        in Tianshou's ``Collector``, for the actions and their log-probs alike."""
         steps: dict[str, list[np.ndarray]] = {
             name: []
             for name in ("obs", "actions", "rewards", "next_obs", "terminated", "truncated")
         }
         logps = []
         obs = self._obs
-        for _ in range(self._steps_per_env):
-            dist = action_distribution(self.policy, obs)
-            actions = dist.sample()
-            logps.append(dist.log_prob(actions).numpy())
-            actions = actions.numpy()
-            next_obs, rewards, terminated, truncated, _ = self.envs.step(
-                self.policy.map_action(actions)
-            )
-            for name, value in zip(
-                steps, (obs, actions, rewards, next_obs, terminated, truncated), strict=True
-            ):
-                steps[name].append(value)
-            obs = next_obs
-            ended = np.flatnonzero(np.logical_or(terminated, truncated))
-            if ended.size:
-                obs = next_obs.copy()
-                obs[ended] = self.envs.reset(env_id=ended)[0]
+        with torch.no_grad(), torch_train_mode(self.policy, enabled=False):
+            for _ in range(self._steps_per_env):
+                dist = action_distribution(self.policy, obs)
+                actions = dist.sample()
+                logps.append(dist.log_prob(actions).numpy())
+                actions = actions.numpy()
+                next_obs, rewards, terminated, truncated, _ = self.envs.step(
+                    self.policy.map_action(actions)
+                )
+                for name, value in zip(
+                    steps, (obs, actions, rewards, next_obs, terminated, truncated), strict=True
+                ):
+                    steps[name].append(value)
+                obs = next_obs
+                ended = np.flatnonzero(np.logical_or(terminated, truncated))
+                if ended.size:
+                    obs = next_obs.copy()
+                    obs[ended] = self.envs.reset(env_id=ended)[0]
         self._obs = obs
         columns = {
             "obs": observation_array(np.stack(steps["obs"])),
