@@ -306,8 +306,8 @@ ABLATIONS = (
         "the target network synced every 100 gradient updates instead of 250 (every 0.5 s at "
         "about 200 updates/s here)",
     ),
-    # then (5 seeds: adam eps 1e-3 kept 74 % and took longer; target every 100 about 87 % in
-    # less time): the quicker sync with the whole run kept
+    # then (5 seeds: adam eps 1e-3 kept 73 % and took longer; target every 100 84 % in less
+    # time, 80 % over 10): the quicker sync with the whole run kept
     (
         "replay 400k, target every 100",
         {"replay": {"capacity": 400_000}, "training": {"target_update_every_n_updates": 100}},
