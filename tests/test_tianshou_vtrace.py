@@ -625,21 +625,26 @@ def test_killed_actor_restarts_and_training_continues(cluster):
     assert not wait_until_not_alive(started)
 
 
-def test_actors_report_whole_episodes_across_trajectories():
-    """An episode longer than one trajectory is reported with its whole return and length
-    (CartPole pays 1 per step), not only the steps of the trajectory it ended in."""
+def local_actor(algo, **settings):
+    """A VTraceActor (no Ray) on CartPole acting with ``algo``'s policy, whose weights its
+    parameter server holds; ``settings`` are the actor's own (envs, steps, index, seed)."""
     from rl_dist_ext.params import ParameterServer
     from tianshou_plugins.actor import VTraceActor
     from tianshou_plugins.weights import cpu_state_dict
 
-    algo = make_algo()
     server = ParameterServer()
     server.publish(cpu_state_dict(algo.policy), 0)
-    actor = VTraceActor(
-        policy=algo.policy,
-        env_factory=make_cartpole,
+    return VTraceActor(
+        policy=algo.policy, env_factory=make_cartpole, weights_server=server, **settings
+    )
+
+
+def test_actors_report_whole_episodes_across_trajectories():
+    """An episode longer than one trajectory is reported with its whole return and length
+    (CartPole pays 1 per step), not only the steps of the trajectory it ended in."""
+    actor = local_actor(
+        make_algo(),
         num_envs=2,
-        weights_server=server,
         weight_sync_every_n_steps=16,
         steps_per_env=4,
         actor_index=0,
@@ -659,28 +664,12 @@ def test_an_actors_sampled_rollout_is_the_tianshou_collectors_on_the_same_seeds(
     """VTraceActor.sample_rollout (one forward per vector step, no Collector) against
     Tianshou's Collector from the same env state and torch seed: the same steps, episodes
     crossing trajectories and ending in them (resets), and log-probs that are the policy's."""
-    from rl_dist_ext.params import ParameterServer
-    from tianshou_plugins.actor import EnvActor, VTraceActor
-    from tianshou_plugins.weights import cpu_state_dict
+    from tianshou_plugins.actor import EnvActor
 
     algo = make_algo()
-    server = ParameterServer()
-    server.publish(cpu_state_dict(algo.policy), 0)
-
-    def actor() -> VTraceActor:
-        return VTraceActor(
-            policy=algo.policy,
-            env_factory=make_cartpole,
-            num_envs=3,
-            weights_server=server,
-            weight_sync_every_n_steps=10**6,
-            steps_per_env=16,
-            actor_index=1,
-            seed=5,
-            env_stepping=stepping,
-        )
-
-    sampled, reference = actor(), actor()
+    settings = dict(num_envs=3, weight_sync_every_n_steps=10**6, steps_per_env=16)
+    settings.update(actor_index=1, seed=5, env_stepping=stepping)
+    sampled, reference = local_actor(algo, **settings), local_actor(algo, **settings)
     ended = 0
     try:
         for rollout in range(4):
@@ -708,18 +697,9 @@ def test_an_actors_sampled_rollout_is_the_tianshou_collectors_on_the_same_seeds(
 def test_an_actor_samples_with_its_networks_in_eval_mode():
     """As Tianshou's Collector acts (dropout off, batch norm on its running stats), and the
     actor's networks are back in their own mode after the rollout."""
-    from rl_dist_ext.params import ParameterServer
-    from tianshou_plugins.actor import VTraceActor
-    from tianshou_plugins.weights import cpu_state_dict
-
-    algo = make_algo()
-    server = ParameterServer()
-    server.publish(cpu_state_dict(algo.policy), 0)
-    actor = VTraceActor(
-        policy=algo.policy,
-        env_factory=make_cartpole,
+    actor = local_actor(
+        make_algo(),
         num_envs=2,
-        weights_server=server,
         weight_sync_every_n_steps=10**6,
         steps_per_env=4,
         actor_index=0,
