@@ -33,6 +33,7 @@ ORDER = (
     "tianshou_gorila_vs_dqn",
     "tianshou_vtrace_vs_ppo",
     "tianshou_vtrace_vs_ppo_slow",
+    "tianshou_vtrace_vs_ppo_slower",
     "tictactoe_rllib",
     "tictactoe_tianshou",
     "minatar_breakout",

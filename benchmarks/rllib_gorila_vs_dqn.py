@@ -324,6 +324,22 @@ ABLATIONS = (
         "the whole run kept in the replay, half the learning rate, the target synced every "
         "100 gradient updates",
     ),
+    # then (2026-12-07; every arm that kept 90 % or more cost 1.3-1.7x the time: smaller steps
+    # buy retention with speed): what changes the data rather than the step
+    (
+        "n-step 1",
+        {"training": {"n_step": 1}},
+        "one-step targets, not 3-step ones: the 3-step returns of the runner exploring at "
+        "epsilon 0.4 are not corrected for the greedy policy, so its falls pull the greedy "
+        "values down",
+    ),
+    (
+        "epsilons 0.4 and 0.16",
+        {"training": {"epsilon_alpha": 1.0}},
+        "the Ape-X ladder's exponent 1, not 7: with 2 runners they explore at 0.4 and 0.16 "
+        "rather than 0.4 and 0.0007, so once the greedy policy balances, half the new rows "
+        "are not long greedy episodes",
+    ),
 )
 
 

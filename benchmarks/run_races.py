@@ -84,6 +84,7 @@ QUEUE = (
     Queued("minatar_race.py", "breakout"),
     Queued("rllib_gorila_vs_dqn.py", "lean"),
     Queued("tianshou_vtrace_vs_ppo.py", "slow"),
+    Queued("tianshou_vtrace_vs_ppo.py", "slower"),
     Queued("rllib_gorila_vs_dqn.py", "layouts"),
     Queued("rllib_vtrace_vs_appo.py", "layouts"),
     Queued("tianshou_vtrace_vs_ppo.py", "layouts"),

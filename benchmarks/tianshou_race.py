@@ -15,7 +15,7 @@ from typing import Any
 
 import gymnasium as gym
 from race import TARGET
-from slow_env import slow_cartpole
+from slow_env import slow_cartpole, slower_cartpole
 from tianshou.algorithm.algorithm_base import Policy
 from tianshou.data import Collector
 from tianshou.env import DummyVectorEnv
@@ -34,6 +34,7 @@ def cartpole() -> gym.Env:
 ENV_FACTORIES: dict[str, Callable[[], gym.Env]] = {
     "CartPole-v1": cartpole,
     "SlowCartPole-v1": slow_cartpole,
+    "SlowerCartPole-v1": slower_cartpole,
 }
 
 

@@ -438,7 +438,7 @@ class VTraceActor(EnvActor):
     acts in :meth:`sample_rollout`, one forward pass per vector step that also gives the
     log-probs of the sampled actions, without Tianshou's ``Collector``: its batches per step
     cost more than the step of a fast env and the forward pass together (``benchmarks/
-    tianshou_vtrace_vs_ppo.py --throughput``), and the trajectory is the same (tested against
+    tianshou_actor_bench.py``: 2.5x), and the trajectory is the same (tested against
     the ``Collector``'s on the same seeds). In SEED mode (``inference_server`` given) the
     server samples the actions through the ``Collector`` and its replies carry log mu(a|x) and
     the version that acted.
