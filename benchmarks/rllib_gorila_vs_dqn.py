@@ -337,8 +337,8 @@ ABLATIONS = (
         "epsilons 0.4 and 0.16",
         {"training": {"epsilon_alpha": 1.0}},
         "the Ape-X ladder's exponent 1, not 7: with 2 runners they explore at 0.4 and 0.16 "
-        "rather than 0.4 and 0.0007, so once the greedy policy balances, half the new rows "
-        "are not long greedy episodes",
+        "rather than 0.4 and 0.0007, so neither plays near-greedy and both keep adding falls "
+        "to the replay, instead of half its new rows being long near-greedy episodes",
     ),
 )
 

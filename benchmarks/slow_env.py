@@ -30,7 +30,7 @@ def slow_cartpole() -> gym.Env:
 
 
 #: SlowerCartPole's latency per step: what makes Tianshou's PPO over 16 subprocess envs take
-#: about a minute to a greedy 450 here (about 16,000 env steps at about 270 a second)
+#: about a minute to a greedy 450 here (its first run: 14,000 env steps at 231 a second)
 SLOWER_LATENCY_S = 0.05
 
 

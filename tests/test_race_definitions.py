@@ -120,6 +120,16 @@ def test_each_tianshou_baseline_has_a_vector_env_layout_for_every_env_of_its_rac
                 assert vector_env in ("dummy", "subproc") and int(envs) >= 1, (arm.name, env)
 
 
+def test_a_tianshou_vtrace_race_refuses_an_env_its_arms_have_no_layout_for():
+    """The ``slower`` race's PPO arms have a layout for SlowerCartPole-v1 only: another env is
+    refused before any run starts, naming it and the race's envs."""
+    with pytest.raises(ValueError, match=r"envs \['SlowCartPole-v1'\]: the 'slower' race runs on"):
+        tianshou_vtrace_vs_ppo.make_race("slower", envs=["SlowCartPole-v1"])
+    with pytest.raises(ValueError, match=r"envs \['SlowerCartPole-v1'\]: the 'slow' race"):
+        tianshou_vtrace_vs_ppo.make_race("slow", envs=["SlowerCartPole-v1"])
+    assert tianshou_vtrace_vs_ppo.make_race("slower").envs == ("SlowerCartPole-v1",)
+
+
 @pytest.mark.parametrize(
     "module",
     [

@@ -437,8 +437,9 @@ class VTraceActor(EnvActor):
     with the local policy (sampling its distribution), record log mu(a|x). The local policy
     acts in :meth:`sample_rollout`, one forward pass per vector step that also gives the
     log-probs of the sampled actions, without Tianshou's ``Collector``: its batches per step
-    cost more than the step of a fast env and the forward pass together (``benchmarks/
-    tianshou_actor_bench.py``: 2.5x), and the trajectory is the same (tested against
+    cost more than the step of a fast env and the forward pass together (``benchmarks/results/
+    tianshou_actor_bench.md``: 2.5x faster with envs stepped one after another, 1.7-2x on
+    threads), and the trajectory is the same (tested against
     the ``Collector``'s on the same seeds). In SEED mode (``inference_server`` given) the
     server samples the actions through the ``Collector`` and its replies carry log mu(a|x) and
     the version that acted.
