@@ -324,6 +324,8 @@ def make_race(
         "finish on the clock, none start until training goes on.",
     )
     baseline = partial(baseline_arm, epoch_steps=epoch_steps)
+    #: VTrace with its actors acting on local policy copies (no inference server)
+    local_vtrace = partial(vtrace_arm, epoch_steps=epoch_steps, central=False, **VTRACE_SETTINGS)
     if kind == "cartpole":
         vtrace = partial(vtrace_arm, epoch_steps=epoch_steps, **VTRACE_SETTINGS)
         return Race(
@@ -350,7 +352,6 @@ def make_race(
             notes=notes + ray_notes,
         )
     if kind == "slow":
-        vtrace = partial(vtrace_arm, epoch_steps=epoch_steps, central=False, **VTRACE_SETTINGS)
         return Race(
             name="tianshou_vtrace_vs_ppo_slow",
             title="Tianshou VTrace, its actors stepping their envs on threads, vs Tianshou PPO: "
@@ -361,7 +362,7 @@ def make_race(
             arms=(
                 Arm(
                     "VTrace threads",
-                    partial(vtrace, **THREADS_LAYOUT, env_stepping="threads"),
+                    partial(local_vtrace, **THREADS_LAYOUT, env_stepping="threads"),
                     f"{VTRACE_NOTE}; here 2 actors x 8 envs, each env stepped on a thread of "
                     "its own, all at once (the fastest layout and stepping of "
                     "`--throughput` on 2026-12-06: 3,739 env steps/s against 2,033 for 8 x 2 "
@@ -369,15 +370,15 @@ def make_race(
                 ),
                 Arm(
                     "VTrace threads 2 x 16",
-                    partial(vtrace, **WIDE_THREADS_LAYOUT, env_stepping="threads"),
+                    partial(local_vtrace, **WIDE_THREADS_LAYOUT, env_stepping="threads"),
                     f"{VTRACE_NOTE}; here 2 actors x 16 envs on threads (the fastest layout of "
                     "`--throughput` on 2026-12-07, with the actors sampling their own "
                     "rollouts: 4,731 env steps/s against 3,238 for 2 x 8)",
                 ),
-                Arm("VTrace", vtrace, f"{VTRACE_NOTE}; envs stepped one after another"),
+                Arm("VTrace", local_vtrace, f"{VTRACE_NOTE}; envs stepped one after another"),
                 Arm(
                     "VTrace threads, PPO form",
-                    partial(vtrace, **THREADS_LAYOUT, env_stepping="threads", **PPO_FORM),
+                    partial(local_vtrace, **THREADS_LAYOUT, env_stepping="threads", **PPO_FORM),
                     f"{VTRACE_NOTE}; 2 actors x 8 envs on threads as the threads arm, with the "
                     "loss that kept the target on CartPole-v1, here at lr 1e-3, not 3e-4 (the "
                     "retention race's VTrace PPO form: `eps_clip=0.1, "
@@ -389,7 +390,6 @@ def make_race(
             notes=notes + ray_notes,
         )
     if kind == "slower":
-        vtrace = partial(vtrace_arm, epoch_steps=epoch_steps, central=False, **VTRACE_SETTINGS)
         return Race(
             name="tianshou_vtrace_vs_ppo_slower",
             title="Tianshou VTrace, its actors stepping their envs on threads, vs Tianshou PPO: "
@@ -400,7 +400,7 @@ def make_race(
             arms=(
                 Arm(
                     "VTrace threads 2 x 16",
-                    partial(vtrace, **WIDE_THREADS_LAYOUT, env_stepping="threads"),
+                    partial(local_vtrace, **WIDE_THREADS_LAYOUT, env_stepping="threads"),
                     f"{VTRACE_NOTE}; here 2 actors x 16 envs on threads: 32 envs, as many "
                     "as PPO's subproc:32",
                 ),
@@ -432,7 +432,7 @@ def make_race(
             "tianshou_vtrace_ablation",
             "Tianshou VTrace on CartPole-v1 run past a greedy 450: one setting changed at a "
             "time, then two",
-            partial(vtrace_arm, epoch_steps=epoch_steps, central=False, **VTRACE_SETTINGS),
+            local_vtrace,
             VTRACE_NOTE,
             ABLATIONS,
             envs=tuple(envs or ("CartPole-v1",)),
