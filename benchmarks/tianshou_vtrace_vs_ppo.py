@@ -280,6 +280,16 @@ def baseline_arm(
         collector.close()
 
 
+def layout_arm(baseline: partial, name: str, layout: str, envs) -> Arm:
+    """Tianshou's ``name`` (PPO or A2C) over the vector envs ``layout`` on each of ``envs``."""
+    return Arm(
+        f"{name} {layout}",
+        partial(baseline, algorithm=name, layouts=dict.fromkeys(envs, layout)),
+        f"{BASELINE_NOTES[name]}; vector envs {layout}",
+        uses_ray=False,
+    )
+
+
 def fastest_baseline_arm(baseline: partial, name: str) -> Arm:
     """Tianshou's ``name`` (PPO or A2C) over its fastest vector envs per env
     (:data:`BASELINE_LAYOUTS`), as the head-to-head races run it."""
@@ -405,12 +415,7 @@ def make_race(
                     "as PPO's subproc:32",
                 ),
                 *(
-                    Arm(
-                        f"PPO {layout}",
-                        partial(baseline, algorithm="PPO", layouts={"SlowerCartPole-v1": layout}),
-                        f"{BASELINE_NOTES['PPO']}; vector envs {layout}",
-                        uses_ray=False,
-                    )
+                    layout_arm(baseline, "PPO", layout, ("SlowerCartPole-v1",))
                     for layout in SLOWER_PPO_LAYOUTS
                 ),
             ),
@@ -447,12 +452,7 @@ def make_race(
         target=TARGET,
         cap_s=cap_s,
         arms=tuple(
-            Arm(
-                f"{name} {layout}",
-                partial(baseline, algorithm=name, layouts=dict.fromkeys(ENVS, layout)),
-                f"{BASELINE_NOTES[name]}; vector envs {layout}",
-                uses_ray=False,
-            )
+            layout_arm(baseline, name, layout, ENVS)
             for name in BASELINE_LAYOUTS
             for layout in LAYOUT_CHOICES
         ),
