@@ -340,6 +340,28 @@ ABLATIONS = (
         "rather than 0.4 and 0.0007, so neither plays near-greedy and both keep adding falls "
         "to the replay, instead of half its new rows being long near-greedy episodes",
     ),
+    # then (2026-12-07: n-step 1 kept 3 %, both runners exploring 82 %): the other
+    # suspects, the priority exponent and the policy lag, and a target that moves smoothly
+    (
+        "uniform replay",
+        {"replay": {"prioritized": False}},
+        "rows sampled uniformly, without importance weights, not by TD error (alpha 0.6): "
+        "once the greedy policy balances, its rows have small TD errors and the few falls "
+        "are replayed far more often than they occur",
+    ),
+    (
+        "weights every 100 env steps",
+        {"training": {"weight_sync_every_n_steps": 100}},
+        "the runners pull newer weights every 100 of their env steps, not 400: less policy "
+        "lag between the acting and the learning networks",
+    ),
+    (
+        "Polyak target",
+        {"training": {"target_update_every_n_updates": 1, "tau": 0.004}},
+        "the target network moved by 0.004 of the way to the online one after every update "
+        "(about the same horizon as a copy every 250), not copied every 250: the bootstrap "
+        "never jumps",
+    ),
 )
 
 

@@ -101,12 +101,13 @@ class GorilaDQNConfig(CentralInferenceSettingsMixin, DQNConfig):
     - ``.training(target_update_every_n_updates=250, weight_sync_every_n_steps=400,
       updates_per_iteration=64, updates_per_learner_call=1, env_steps_per_request=128,
       publish_every_n_updates=8, epsilon_base=0.4, epsilon_alpha=7.0)``: the target network is
-      hard-updated every C *gradient updates*; env runners pull newer weights every K of their
-      env steps; k gradient updates share one ``Learner.update`` call (RLlib's per-call cost
-      paid once per k); the learner publishes weights every ``publish_every_n_updates``
-      updates; runner ``i`` of ``N`` explores
-      with Ape-X epsilon ``epsilon_base ** (1 + (i - 1) / (N - 1) * epsilon_alpha)``. DQN's
-      ``lr`` defaults to 1e-3 and ``train_batch_size_per_learner`` to 128 here; DQN's
+      updated every C *gradient updates* (DQN's ``tau``, 1.0 by default, is the share of the
+      online network mixed in: 1.0 copies it, less is a Polyak update); env runners pull newer
+      weights every K of their env steps; k gradient updates share one ``Learner.update``
+      call (RLlib's per-call cost paid once per k); the learner publishes weights every
+      ``publish_every_n_updates`` updates; runner ``i`` of ``N`` explores with Ape-X
+      epsilon ``epsilon_base ** (1 + (i - 1) / (N - 1) * epsilon_alpha)``. DQN's ``lr``
+      defaults to 1e-3 and ``train_batch_size_per_learner`` to 128 here; DQN's
       ``adam_epsilon`` is the learner's Adam epsilon (RLlib's own learner leaves it unused).
     - ``.replay(num_shards=..., capacity=..., samples_per_insert=..., prioritized=..., ...)``:
       the distributed replay; every field of
@@ -207,9 +208,10 @@ class GorilaDQNConfig(CentralInferenceSettingsMixin, DQNConfig):
         """DQN's ``training()`` settings plus the Gorila ones.
 
         Args:
-            target_update_every_n_updates: the target network is hard-updated every C
-                *gradient updates* (DQN's ``target_network_update_freq`` counts env steps and
-                is refused).
+            target_update_every_n_updates: the target network is updated every C *gradient
+                updates* (DQN's ``target_network_update_freq`` counts env steps and is
+                refused), to ``tau * online + (1 - tau) * target`` with DQN's ``tau`` (1.0, a
+                hard copy, by default).
             weight_sync_every_n_steps: env runners pull newer weights every K of their env
                 steps.
             updates_per_iteration: gradient updates per ``train()`` call.
@@ -337,14 +339,18 @@ class GorilaDQNConfig(CentralInferenceSettingsMixin, DQNConfig):
             )
         check_real("epsilon_base", self.epsilon_base, low=0.0, high=1.0)
         check_real("epsilon_alpha", self.epsilon_alpha, low=0.0)
-        check_real("adam_epsilon", self.adam_epsilon, low=0.0, strict=True)
+        # each module's learner builds its Adam and updates its target with its own values
+        per_module = {"adam_epsilon": {}, "tau": {"high": 1.0}}
+        for name, bounds in per_module.items():
+            check_real(name, getattr(self, name), low=0.0, strict=True, **bounds)
         for module_id, overrides in (self.algorithm_config_overrides_per_module or {}).items():
-            if "adam_epsilon" in overrides:  # each module's learner builds its Adam with it
+            for name in per_module.keys() & overrides.keys():
                 check_real(
-                    f"algorithm_config_overrides_per_module[{module_id!r}]['adam_epsilon']",
-                    overrides["adam_epsilon"],
+                    f"algorithm_config_overrides_per_module[{module_id!r}][{name!r}]",
+                    overrides[name],
                     low=0.0,
                     strict=True,
+                    **per_module[name],
                 )
         check_encoding(self.weights_encoding)
         check_real("weights_delta_tolerance", self.weights_delta_tolerance, low=0.0, strict=True)

@@ -308,10 +308,13 @@ class GorilaDQNTorchLearner(
         return out.loss
 
     def _sync_target_networks(self) -> None:
+        """Every C updates: each trained module's target moves to ``tau * online + (1 - tau) *
+        target`` (DQN's ``tau``; 1.0, the default, copies the online network)."""
         for module_id in self.trained_modules:
             module = self.module[module_id]
+            tau = self.config.get_config_for_module(module_id).tau
             for main_net, target_net in module.unwrapped().get_target_network_pairs():
-                update_target_network(main_net=main_net, target_net=target_net, tau=1.0)
+                update_target_network(main_net=main_net, target_net=target_net, tau=tau)
             self.metrics.log_value((module_id, NUM_TARGET_UPDATES), 1, reduce="lifetime_sum")
 
     # ---- checkpoint the counters with the learner ----------------------------------------------

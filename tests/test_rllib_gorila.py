@@ -98,7 +98,15 @@ def test_registered_with_tune_and_rllib(ray_session):
             ),
             r"\['default_policy'\]\['adam_epsilon'\] must be a number > 0.0, got -1",
         ),
+        (
+            lambda c: c.multi_agent(
+                algorithm_config_overrides_per_module={"default_policy": {"tau": 2}}
+            ),
+            r"\['default_policy'\]\['tau'\] must be a number > 0.0 and <= 1.0, got 2",
+        ),
         (lambda c: c.training(target_network_update_freq=1000), "target_update_every_n_updates"),
+        (lambda c: c.training(tau=0.0), "tau must be a number > 0.0 and <= 1.0, got 0.0"),
+        (lambda c: c.training(tau=1.5), "tau"),
         (lambda c: c.replay(alpha=-0.5), "alpha"),
         (lambda c: c.replay(beta=2.0), "beta"),
         (lambda c: c.replay(num_shards=0), "num_shards"),
@@ -509,9 +517,9 @@ def test_episodes_to_rollout_on_hand_built_chunks():
         episodes_to_rollout([empty])
 
 
-def test_learner_target_network_is_updated_exactly_every_c_gradient_updates():
-    """C = 3: after update k the target equals the online network as it was after update
-    3 * (k // 3) (the initial weights before the first multiple), and nothing in between."""
+def target_updates(**training) -> tuple[list[list[dict]], list[list[dict]]]:
+    """A learner with C = 3 (and ``training``) after each of 10 updates on random CartPole
+    rows: its online and its target networks' states, index 0 before the first update."""
     import gymnasium as gym
     from ray.rllib.core import DEFAULT_MODULE_ID
     from ray.rllib.policy.sample_batch import MultiAgentBatch
@@ -520,24 +528,17 @@ def test_learner_target_network_is_updated_exactly_every_c_gradient_updates():
     from rllib_plugins.gorila_learner import replay_rows_to_batch
 
     torch.manual_seed(0)
-    config = small_config(target_update_every_n_updates=3, lr=1e-2)
+    config = small_config(target_update_every_n_updates=3, lr=1e-2, **training)
     learner = config.build_learner(env=gym.make("CartPole-v1"))
     module = learner.module[DEFAULT_MODULE_ID].unwrapped()
     pairs = module.get_target_network_pairs()
     assert pairs
 
-    def online() -> list[dict]:
-        return [{k: v.clone() for k, v in net.state_dict().items()} for net, _ in pairs]
-
-    def target() -> list[dict]:
-        return [{k: v.clone() for k, v in net.state_dict().items()} for _, net in pairs]
-
-    def equal(a: list[dict], b: list[dict]) -> bool:
-        return all(torch.equal(x[k], y[k]) for x, y in zip(a, b, strict=True) for k in x)
+    def states(which: int) -> list[dict]:
+        return [{k: v.clone() for k, v in pair[which].state_dict().items()} for pair in pairs]
 
     rng = np.random.default_rng(0)
-    online_after = {0: online()}
-    assert equal(target(), online_after[0])
+    online, target = [states(0)], [states(1)]
     try:
         for k in range(1, 11):
             rows = {
@@ -552,12 +553,43 @@ def test_learner_target_network_is_updated_exactly_every_c_gradient_updates():
                 batch=MultiAgentBatch({DEFAULT_MODULE_ID: batch}, env_steps=32),
                 timesteps={NUM_ENV_STEPS_SAMPLED_LIFETIME: 32 * k},
             )
-            online_after[k] = online()
-            assert not equal(online_after[k], online_after[k - 1])  # every update trains
             assert learner.num_gradient_updates == k
-            assert equal(target(), online_after[3 * (k // 3)]), k
+            online.append(states(0))
+            target.append(states(1))
     finally:
         learner.shutdown()
+    return online, target
+
+
+def equal_states(a: list[dict], b: list[dict]) -> bool:
+    return all(torch.equal(x[k], y[k]) for x, y in zip(a, b, strict=True) for k in x)
+
+
+def test_learner_target_network_is_updated_exactly_every_c_gradient_updates():
+    """C = 3: after update k the target equals the online network as it was after update
+    3 * (k // 3) (the initial weights before the first multiple), and nothing in between."""
+    online, target = target_updates()
+    assert equal_states(target[0], online[0])
+    for k in range(1, 11):
+        assert not equal_states(online[k], online[k - 1])  # every update trains
+        assert equal_states(target[k], online[3 * (k // 3)]), k
+
+
+def test_learner_target_update_mixes_in_tau_of_the_online_network():
+    """DQN's ``tau``: every C = 3 updates the target moves to ``tau * online + (1 - tau) *
+    target`` (a Polyak update; tau = 1 is the hard copy above), and stays put in between."""
+    tau = 0.25
+    online, target = target_updates(tau=tau)
+    expected = target[0]
+    for k in range(1, 11):
+        if k % 3 == 0:
+            expected = [
+                {name: tau * on[name] + (1 - tau) * old[name] for name in old}
+                for on, old in zip(online[k], expected, strict=True)
+            ]
+        for got, want in zip(target[k], expected, strict=True):
+            for name in want:
+                torch.testing.assert_close(got[name], want[name], msg=f"update {k}: {name}")
 
 
 class ScriptedReplay:
