@@ -123,7 +123,7 @@ def headline(reports: list[dict]) -> str:
         if report.get("retention"):
             continue  # the benchmarks page has it
         done, wanted = runs_done(report)
-        runs = f"{done}/{wanted}" + ("" if done >= wanted else " (running)")
+        runs = f"{done}/{wanted}" + ("" if done >= wanted else " (partial)")
         baseline = report["baseline"]
         for env, arms in report["summary"].items():
             base = arms.get(baseline)

@@ -1,5 +1,5 @@
 """The README's and the benchmarks page's race tables (benchmarks/race_tables.py): generated from
-the committed reports, in sync with them, and saying which races are still running."""
+the committed reports, in sync with them, and saying which races are not yet complete."""
 
 from __future__ import annotations
 
@@ -86,7 +86,7 @@ def test_a_race_still_running_says_how_many_runs_are_in(tmp_path):
     _write_runs(tmp_path, race, {"ours": [10, 11], "theirs": [40]})
     harness.write_report(race, tmp_path)
     (report,) = race_tables.load_reports(tmp_path)
-    assert race_tables.headline([report]).splitlines()[2].endswith("| 3/8 (running) |")
+    assert race_tables.headline([report]).splitlines()[2].endswith("| 3/8 (partial) |")
     assert "not 4 runs for every arm, runs in: `ours`: 2; `theirs`: 1" in race_tables.page([report])
 
 
@@ -106,7 +106,7 @@ def test_no_table_claims_faster_before_every_seed_of_both_arms_is_in(tmp_path):
     harness.write_report(race, tmp_path)
     (report,) = race_tables.load_reports(tmp_path)
     assert report["summary"]["CartPole-v1"]["ours"]["ratio_interval"][1] < 1
-    assert race_tables.headline([report]).splitlines()[2].endswith("| pending | 4/8 (running) |")
+    assert race_tables.headline([report]).splitlines()[2].endswith("| pending | 4/8 (partial) |")
     for text in (race_tables.page([report]), (tmp_path / "toy.md").read_text()):
         assert "| ours | 2/2 |" in text and "| pending |" in text and "| yes |" not in text
     _write_runs(tmp_path, race, {"ours": [10, 11, 12, 13], "theirs": [None] * 4})
