@@ -357,10 +357,10 @@ ABLATIONS = (
     ),
     (
         "Polyak target",
-        {"training": {"target_update_every_n_updates": 1, "tau": 0.004}},
-        "the target network moved by 0.004 of the way to the online one after every update "
-        "(about the same horizon as a copy every 250), not copied every 250: the bootstrap "
-        "never jumps",
+        {"training": {"target_update_every_n_updates": 1, "tau": 0.008}},
+        "the target network moved 0.008 of the way to the online one after every update, not "
+        "copied every 250: on average it lags (1 - tau) / tau = 124 updates behind, as a copy "
+        "every 250 does (124.5), but the bootstrap never jumps",
     ),
 )
 

@@ -344,7 +344,7 @@ class GorilaDQNConfig(CentralInferenceSettingsMixin, DQNConfig):
         for name, bounds in per_module.items():
             check_real(name, getattr(self, name), low=0.0, strict=True, **bounds)
         for module_id, overrides in (self.algorithm_config_overrides_per_module or {}).items():
-            for name in per_module.keys() & overrides.keys():
+            for name in (name for name in per_module if name in overrides):
                 check_real(
                     f"algorithm_config_overrides_per_module[{module_id!r}][{name!r}]",
                     overrides[name],

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from rl_dist_ext.ops.dqn import double_dqn_loss, double_dqn_td_error
+from rl_dist_ext.ops.dqn import double_dqn_loss, double_dqn_td_error, polyak_update
 from rl_dist_ext.ops.priorities import importance_weights, td_priorities
 
 # --------------------------------------------------------------------------------------------
@@ -539,3 +539,31 @@ def test_double_dqn_loss_bad_loss_type(loss_type):
 def test_double_dqn_loss_bad_huber_delta(delta):
     with pytest.raises(ValueError, match="huber_delta"):
         double_dqn_loss(**_good(), huber_delta=delta)
+
+
+@pytest.mark.parametrize("tau", [1.0, 0.25, 0.004])
+def test_polyak_update_matches_naive_mix_and_copies_counters(tau):
+    """Every float entry (weights and BatchNorm's running statistics) becomes ``tau * online +
+    (1 - tau) * target`` element by element; the batch counter is copied; the target's
+    parameters stay the same objects (an optimizer or a module holding them still sees them)."""
+
+    def net() -> torch.nn.Module:
+        return torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.BatchNorm1d(4))
+
+    torch.manual_seed(0)
+    online, target = net(), net()
+    online.train()
+    online(torch.randn(8, 3))  # running statistics and the batch counter move
+    before = {k: v.clone() for k, v in target.state_dict().items()}
+    params = list(target.parameters())
+    polyak_update(online, target, tau)
+    after, source = target.state_dict(), online.state_dict()
+    for name, old in before.items():
+        if old.is_floating_point():
+            pairs = zip(source[name].flatten().tolist(), old.flatten().tolist(), strict=True)
+            want = [tau * o + (1 - tau) * t for o, t in pairs]
+            assert after[name].flatten().tolist() == pytest.approx(want, rel=1e-6, abs=1e-7)
+        else:
+            assert torch.equal(after[name], source[name]), name
+    assert after["1.num_batches_tracked"].item() == 1
+    assert all(a is b for a, b in zip(params, target.parameters(), strict=True))

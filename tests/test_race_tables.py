@@ -81,7 +81,7 @@ def test_a_finished_race_gets_a_headline_row_with_its_intervals(tmp_path):
     assert "- **ours**: ours, tuned here." in section
 
 
-def test_a_race_still_running_says_how_many_runs_are_in(tmp_path):
+def test_a_race_not_yet_complete_says_how_many_runs_are_in(tmp_path):
     race = _race()
     _write_runs(tmp_path, race, {"ours": [10, 11], "theirs": [40]})
     harness.write_report(race, tmp_path)

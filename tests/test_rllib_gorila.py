@@ -106,7 +106,8 @@ def test_registered_with_tune_and_rllib(ray_session):
         ),
         (lambda c: c.training(target_network_update_freq=1000), "target_update_every_n_updates"),
         (lambda c: c.training(tau=0.0), "tau must be a number > 0.0 and <= 1.0, got 0.0"),
-        (lambda c: c.training(tau=1.5), "tau"),
+        (lambda c: c.training(tau=1.5), "tau must be a number > 0.0 and <= 1.0, got 1.5"),
+        (lambda c: c.training(tau="0.5"), "tau must be a number > 0.0 and <= 1.0, got '0.5'"),
         (lambda c: c.replay(alpha=-0.5), "alpha"),
         (lambda c: c.replay(beta=2.0), "beta"),
         (lambda c: c.replay(num_shards=0), "num_shards"),
@@ -517,8 +518,11 @@ def test_episodes_to_rollout_on_hand_built_chunks():
         episodes_to_rollout([empty])
 
 
-def target_updates(**training) -> tuple[list[list[dict]], list[list[dict]]]:
-    """A learner with C = 3 (and ``training``) after each of 10 updates on random CartPole
+def target_updates(
+    overrides: dict | None = None, **training
+) -> tuple[list[list[dict]], list[list[dict]]]:
+    """A learner with C = 3 (and ``training``; ``overrides``: the default module's
+    ``algorithm_config_overrides_per_module``) after each of 10 updates on random CartPole
     rows: its online and its target networks' states, index 0 before the first update."""
     import gymnasium as gym
     from ray.rllib.core import DEFAULT_MODULE_ID
@@ -529,10 +533,12 @@ def target_updates(**training) -> tuple[list[list[dict]], list[list[dict]]]:
 
     torch.manual_seed(0)
     config = small_config(target_update_every_n_updates=3, lr=1e-2, **training)
+    if overrides:
+        config.multi_agent(algorithm_config_overrides_per_module={DEFAULT_MODULE_ID: overrides})
     learner = config.build_learner(env=gym.make("CartPole-v1"))
     module = learner.module[DEFAULT_MODULE_ID].unwrapped()
     pairs = module.get_target_network_pairs()
-    assert pairs
+    assert len(pairs) == 3  # the encoder, the advantage head and (dueling) the value head
 
     def states(which: int) -> list[dict]:
         return [{k: v.clone() for k, v in pair[which].state_dict().items()} for pair in pairs]
@@ -575,11 +581,17 @@ def test_learner_target_network_is_updated_exactly_every_c_gradient_updates():
         assert equal_states(target[k], online[3 * (k // 3)]), k
 
 
-def test_learner_target_update_mixes_in_tau_of_the_online_network():
-    """DQN's ``tau``: every C = 3 updates the target moves to ``tau * online + (1 - tau) *
-    target`` (a Polyak update; tau = 1 is the hard copy above), and stays put in between."""
+@pytest.mark.parametrize(
+    "settings",
+    [{"tau": 0.25}, {"overrides": {"tau": 0.25}}],
+    ids=["tau", "the module's own tau"],
+)
+def test_learner_target_update_mixes_in_tau_of_the_online_network(settings):
+    """DQN's ``tau`` (the config's, or a module's override of it): every C = 3 updates the
+    target moves to ``tau * online + (1 - tau) * target`` (a Polyak update; tau = 1 is the
+    hard copy above), and stays put in between."""
     tau = 0.25
-    online, target = target_updates(tau=tau)
+    online, target = target_updates(**settings)
     expected = target[0]
     for k in range(1, 11):
         if k % 3 == 0:

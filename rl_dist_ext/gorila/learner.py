@@ -2,9 +2,9 @@
 
 One update: sample a prioritized batch -> gradient step on the importance-weighted double-DQN loss
 (:func:`rl_dist_ext.ops.dqn.double_dqn_loss`) -> new priorities ``|TD|`` back through
-``update_priorities(keys, priorities)`` -> hard target update every ``target_update_every``
-gradient updates -> weights published every ``publish_every`` updates. Versions count gradient
-updates (:class:`rl_dist_ext.params.WeightsVersion`).
+``update_priorities(keys, priorities)`` -> target update (a copy, or the adapter's Polyak mix)
+every ``target_update_every`` gradient updates -> weights published every ``publish_every``
+updates. Versions count gradient updates (:class:`rl_dist_ext.params.WeightsVersion`).
 
 :meth:`GorilaLearner.update` runs the whole update for loops that own their training step (the
 RLlib learner, the core example). A framework whose own update template already samples and
@@ -64,10 +64,11 @@ class GorilaLearner:
             Tianshou's template; then only the priority and publish phases are used).
         batch_size: rows per gradient update (``None`` when the framework samples).
         prioritized: send ``|TD|`` back as new priorities.
-        target_update_every: gradient updates between hard target updates (Gorila's C); the
+        target_update_every: gradient updates between target updates (Gorila's C); the
             first comes after update C (the target network starts as a copy of the online one).
         publish_every: gradient updates between weight publishes (when a sink is connected).
-        sync_target: copies the online network into the target network.
+        sync_target: updates the target network (a copy of the online network, or the
+            adapter's Polyak mix of the two).
         export_weights: the online weights as actors load them (called at publish only).
     """
 

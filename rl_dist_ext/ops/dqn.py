@@ -184,3 +184,16 @@ def double_dqn_loss(
             )
         per_item = per_item * weights.to(per_item.dtype)
     return DQNLoss(per_item.mean(), q.td_error, q.q_selected.detach(), q.target)
+
+
+def polyak_update(online: torch.nn.Module, target: torch.nn.Module, tau: float) -> None:
+    """``target <- tau * online + (1 - tau) * target`` in place, for every floating-point entry
+    of the two networks' state (parameters and buffers); other entries (counters) are copied.
+    ``tau = 1`` copies ``online``. The two modules must have the same state keys and shapes."""
+    source = online.state_dict()
+    with torch.no_grad():
+        for name, tensor in target.state_dict(keep_vars=True).items():
+            if tensor.is_floating_point():
+                tensor.lerp_(source[name].to(tensor.device, tensor.dtype), tau)
+            else:
+                tensor.copy_(source[name])
