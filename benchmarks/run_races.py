@@ -70,7 +70,7 @@ class Queued:
 #: the headline races (issue order), then the layout races behind each arm's configuration
 QUEUE = (
     # --throughput-actors with no counts: the race only, not the collection-throughput table
-    Queued("tianshou_gorila_vs_dqn.py", extra=("--throughput-actors",)),
+    Queued("tianshou_gorila_vs_dqn.py", arms=("GorilaDQN", "DQN"), extra=("--throughput-actors",)),
     Queued("rllib_gorila_vs_dqn.py", "cartpole"),
     Queued("rllib_gorila_vs_dqn.py", "acrobot"),
     Queued(
@@ -130,6 +130,7 @@ QUEUE = (
         "tianshou_gorila_vs_dqn.py",
         extra=("--throughput-actors",),
         retention=True,
+        arms=("GorilaDQN, replay 400k", "DQN"),  # the candidate default: the ablation's whole-run replay
         envs=("CartPole-v1",),
         cap_s=540.0,
     ),

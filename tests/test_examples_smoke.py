@@ -87,8 +87,9 @@ SCRIPTS: dict[str, tuple[str, float]] = {
     ),
     "test_tianshou_gorila_vs_dqn_bench_writes_json_and_table": (
         (
-            "benchmarks/tianshou_gorila_vs_dqn.py --seeds 0 --envs CartPole-v1 --max-seconds "
-            "3 --epoch-steps 1000 --gorila actors=1 envs_per_actor=2 --throughput-actors 1 "
+            "benchmarks/tianshou_gorila_vs_dqn.py --seeds 0 --envs CartPole-v1 --arms GorilaDQN "
+            "DQN --max-seconds 3 --epoch-steps 1000 --gorila actors=1 envs_per_actor=2 "
+            "--throughput-actors 1 "
             "--throughput-seconds 2 --throughput-warmup-seconds 1 --out {out}"
         ),
         400,  # two runs in processes of their own, each importing Tianshou and torch
