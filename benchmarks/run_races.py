@@ -130,7 +130,8 @@ QUEUE = (
         "tianshou_gorila_vs_dqn.py",
         extra=("--throughput-actors",),
         retention=True,
-        arms=("GorilaDQN, replay 400k", "DQN"),  # the candidate default: the ablation's whole-run replay
+        # the candidate default: the ablation's whole-run replay
+        arms=("GorilaDQN, replay 400k", "DQN"),
         envs=("CartPole-v1",),
         cap_s=540.0,
     ),

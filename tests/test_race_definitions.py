@@ -165,7 +165,8 @@ def test_the_race_queue_runs_every_race_once_with_a_command_its_script_takes(tmp
 
 
 def test_the_race_plan_counts_the_runs_in_and_estimates_the_rest_from_them(tmp_path):
-    race = tianshou_gorila_vs_dqn.make_race()
+    race = run_races.QUEUE[0].race()  # Tianshou GorilaDQN's headline race: 2 envs x 2 arms
+    assert race.name == "tianshou_gorila_vs_dqn" and len(race.arms) == 2
     assert "0/40" in run_races.plan_line(race, tmp_path)
     assert f"{40 * (race.cap_s + 60) / 3600:5.1f} h left (worst case" in run_races.plan_line(
         race, tmp_path
