@@ -372,6 +372,20 @@ ABLATIONS = (
         },
         "the whole run kept in the replay, the target moved 0.008 of the way after every update",
     ),
+    # then (5 seeds: uniform replay kept 67 %; weights every 100 env steps kept 81 % and
+    # reached the target in half the defaults' time): less lag with the smooth target
+    (
+        "weights every 100, Polyak target",
+        {
+            "training": {
+                "weight_sync_every_n_steps": 100,
+                "target_update_every_n_updates": 1,
+                "tau": 0.008,
+            }
+        },
+        "the runners pull newer weights every 100 env steps, the target moved 0.008 of the "
+        "way after every update",
+    ),
 )
 
 
