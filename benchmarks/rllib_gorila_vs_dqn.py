@@ -362,8 +362,8 @@ ABLATIONS = (
         "copied every 250: on average it lags (1 - tau) / tau = 124 updates behind, as a copy "
         "every 250 does (124.5), but the bootstrap never jumps",
     ),
-    # then (5 seeds: the Polyak target kept 87 % and reached the target sooner than the
-    # defaults): it with the whole run kept
+    # then (5 seeds: the Polyak target kept 87 % in about the defaults' env steps to the
+    # target): it with the whole run kept
     (
         "replay 400k, Polyak target",
         {
@@ -372,8 +372,8 @@ ABLATIONS = (
         },
         "the whole run kept in the replay, the target moved 0.008 of the way after every update",
     ),
-    # then (5 seeds: uniform replay kept 67 %; weights every 100 env steps kept 81 % and
-    # reached the target in half the defaults' time): less lag with the smooth target
+    # then (5 seeds: uniform replay kept 67 %; weights every 100 env steps kept 81 % in about
+    # a fifth fewer env steps to the target): less lag with the smooth target
     (
         "weights every 100, Polyak target",
         {
