@@ -340,18 +340,17 @@ class GorilaDQNConfig(CentralInferenceSettingsMixin, DQNConfig):
         check_real("epsilon_base", self.epsilon_base, low=0.0, high=1.0)
         check_real("epsilon_alpha", self.epsilon_alpha, low=0.0)
         # each module's learner builds its Adam and updates its target with its own values
-        per_module = {"adam_epsilon": {}, "tau": {"high": 1.0}}
-        for name, bounds in per_module.items():
-            check_real(name, getattr(self, name), low=0.0, strict=True, **bounds)
-        for module_id, overrides in (self.algorithm_config_overrides_per_module or {}).items():
-            for name in (name for name in per_module if name in overrides):
-                check_real(
-                    f"algorithm_config_overrides_per_module[{module_id!r}][{name!r}]",
-                    overrides[name],
-                    low=0.0,
-                    strict=True,
-                    **per_module[name],
-                )
+        for name, high in (("adam_epsilon", None), ("tau", 1.0)):
+            check_real(name, getattr(self, name), low=0.0, high=high, strict=True)
+            for module_id, overrides in (self.algorithm_config_overrides_per_module or {}).items():
+                if name in overrides:
+                    check_real(
+                        f"algorithm_config_overrides_per_module[{module_id!r}][{name!r}]",
+                        overrides[name],
+                        low=0.0,
+                        high=high,
+                        strict=True,
+                    )
         check_encoding(self.weights_encoding)
         check_real("weights_delta_tolerance", self.weights_delta_tolerance, low=0.0, strict=True)
         if self.num_atoms != 1:
