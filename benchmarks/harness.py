@@ -404,7 +404,12 @@ def retention_table(arms: dict) -> list[str]:
     return lines
 
 
-def markdown(race: Race, summary: dict) -> str:
+def not_run_line(not_run: Sequence[str]) -> list[str]:
+    """The arms' list's last line where some of the race's arms have no run yet."""
+    return [f"- Not run yet: {', '.join(not_run)}."] if not_run else []
+
+
+def markdown(race: Race, summary: dict, not_run: Sequence[str] = ()) -> str:
     lines = [
         f"# {race.title}",
         "",
@@ -436,6 +441,7 @@ def markdown(race: Race, summary: dict) -> str:
         settings = arm_settings(arm)
         given = f" Settings: `{json.dumps(settings)}`." if settings else ""
         lines.append(f"- **{arm.name}**: {arm.note}.{given}")
+    lines += not_run_line(not_run)
     lines += [f"- {note}" for note in race.notes]
     return "\n".join(lines) + "\n"
 
@@ -539,9 +545,22 @@ def plot(race: Race, results: Path, summary: dict, path: Path) -> None:
     plt.close(fig)
 
 
+def arms_that_ran(race: Race, results: Path) -> tuple[Race, list[str]]:
+    """``race`` cut to its baseline and the arms with a finished run on some env, and the
+    names of the others: a report speaks for the arms that ran, whatever ``--arms`` a pass
+    chose (an arm defined for another pass, or queued, is named as not run, not counted as
+    a race's missing runs)."""
+    ran = {name for by_arm in load_runs(race, results).values() for name, r in by_arm.items() if r}
+    kept = tuple(arm for arm in race.arms if arm.name in ran or arm.name == race.baseline)
+    not_run = [arm.name for arm in race.arms if arm not in kept]
+    return dataclasses.replace(race, arms=kept), not_run
+
+
 def write_report(race: Race, results: Path) -> dict:
     """``<results>/<race>.json`` (the summary and every run's record), ``<race>.md`` and
-    ``<race>.png``; returns the summary."""
+    ``<race>.png``, for the arms that ran (:func:`arms_that_ran`; the others are named as not
+    run); returns the summary."""
+    race, not_run = arms_that_ran(race, results)
     summary = summarize(race, results)
     report = {
         "race": race.name,
@@ -556,12 +575,13 @@ def write_report(race: Race, results: Path) -> dict:
         "notes": list(race.notes),
         "arms": {arm.name: arm.note for arm in race.arms},
         "arm_settings": {arm.name: arm_settings(arm) for arm in race.arms},
+        "not_run": not_run,
         "summary": summary,
         "runs": load_runs(race, results),
     }
     results.mkdir(parents=True, exist_ok=True)  # --report-only into a fresh --out
     (results / f"{race.name}.json").write_text(json.dumps(report, indent=1))
-    (results / f"{race.name}.md").write_text(markdown(race, summary))
+    (results / f"{race.name}.md").write_text(markdown(race, summary, not_run))
     plot(race, results, summary, results / f"{race.name}.png")
     return summary
 
@@ -597,5 +617,5 @@ def run_and_report(race: Race, args: argparse.Namespace) -> dict:
     if not args.report_only:
         run_race(race, results, seeds=args.seeds, arms=args.arms)
     summary = write_report(race, results)
-    print(markdown(race, summary))
+    print((results / f"{race.name}.md").read_text())
     return summary

@@ -181,6 +181,7 @@ def page(reports: list[dict]) -> str:
                     "",
                 ]
         lines += [f"- **{name}**: {note}." for name, note in report["arms"].items()]
+        lines += harness.not_run_line(report.get("not_run", []))
         lines += [f"- {note}" for note in report.get("notes", [])]
         lines.append("")
     return "\n".join(lines)

@@ -260,3 +260,24 @@ def test_an_ablation_race_changes_one_setting_per_arm_over_the_first_arms():
             cap_s=1.0,
             notes=(),
         )
+
+
+def test_a_report_speaks_for_the_arms_that_ran_and_names_the_others(tmp_path):
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    import race_tables
+
+    queued = harness.Arm("queued", random_policy, "an arm with no runs yet", False)
+    the_race = race(arms=(*race().arms, queued), seeds=(0,), cap_s=0.5)
+    harness.run_race(the_race, tmp_path, arms=["search", "random"], log=lambda line: None)
+
+    summary = harness.write_report(the_race, tmp_path)["CartPole-v1"]
+    assert sorted(summary) == ["random", "search"]
+    report = json.loads((tmp_path / "tiny_race.json").read_text())
+    assert sorted(report["arms"]) == ["random", "search"]
+    assert report["not_run"] == ["queued"]
+    assert "queued" not in report["runs"]["CartPole-v1"]
+    assert race_tables.runs_done(report) == (2, 2)  # not 2 of 3
+    assert race_tables.uneven_arms(report) == []
+    table = (tmp_path / "tiny_race.md").read_text()
+    assert "**queued**" not in table and "- Not run yet: queued." in table
+    assert "- Not run yet: queued." in race_tables.page([report])
