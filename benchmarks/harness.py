@@ -406,7 +406,7 @@ def retention_table(arms: dict) -> list[str]:
 
 def not_run_line(not_run: Sequence[str]) -> list[str]:
     """The arms' list's last line where some of the race's arms have no run yet."""
-    return [f"- Not run yet: {', '.join(not_run)}."] if not_run else []
+    return [f"- Not run yet: {'; '.join(f'**{name}**' for name in not_run)}."] if not_run else []
 
 
 def markdown(race: Race, summary: dict, not_run: Sequence[str] = ()) -> str:

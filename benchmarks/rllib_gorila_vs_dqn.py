@@ -39,8 +39,14 @@ ACROBOT_TARGET = -100.0
 REPLAY = {"num_shards": 2, "capacity": 50_000, "min_size_to_sample": 1_000}
 MIN_STEPS_PER_ITERATION = 1_000
 
+#: the target the races' GorilaDQN arms were run with, GorilaDQN's class default until
+#: 2026-12-07 (a copy every 250 gradient updates): pinned, so that a race's runs before and
+#: after the default moved to a Polyak target are of one configuration
+RACE_TARGET = {"target_update_every_n_updates": 250, "tau": 1.0}
+#: the class's Polyak target since 2026-12-07 (tau None picks 0.008 for a period of 1)
+POLYAK_TARGET = {"target_update_every_n_updates": 1, "tau": 0.008}
 #: GorilaDQN's settings in the races: its class defaults (16 samples per insert, batch 128,
-#: lr 1e-3, a target update every 250 gradient updates) in the layouts that won ``--race layouts``
+#: lr 1e-3) with :data:`RACE_TARGET`, in the layouts that won ``--race layouts``
 GORILA_SETTINGS = {
     "runners": 2,
     "envs_per_runner": 8,
@@ -49,7 +55,8 @@ GORILA_SETTINGS = {
 }
 GORILA_NOTE = (
     "RLlib GorilaDQN with its class defaults (16 samples per insert, batch 128, lr 1e-3, "
-    "target every 250 updates, Ape-X epsilons per runner), 2 replay shards of 50k rows, the "
+    "Ape-X epsilons per runner) and the target copied every 250 updates (the class default "
+    "until 2026-12-07), 2 replay shards of 50k rows, the "
     "learner in the driver; 2 env runners x 8 envs (4 x 4 on the 2 ms CartPole, where more "
     "processes hide the latency): 2x8 was the fastest of 2x4, 2x8 and 4x4 on CartPole-v1 "
     "(`--race layouts`)"
@@ -82,8 +89,9 @@ def gorila_config(
     training: dict | None = None,
     replay: dict | None = None,
 ):
-    """GorilaDQNConfig's defaults with ``runners`` x ``envs_per_runner``, learner in the driver;
-    ``training`` and ``replay`` change settings of ``.training()`` and ``.replay()``."""
+    """GorilaDQNConfig's defaults with :data:`RACE_TARGET`, ``runners`` x ``envs_per_runner``,
+    learner in the driver; ``training`` and ``replay`` change settings of ``.training()`` and
+    ``.replay()``."""
     from rllib_plugins import GorilaDQNConfig
 
     return (
@@ -91,7 +99,7 @@ def gorila_config(
         .environment(env)
         .env_runners(num_env_runners=runners, num_envs_per_env_runner=envs_per_runner)
         .learners(num_learners=0)
-        .training(**(training or {}))
+        .training(**{**RACE_TARGET, **(training or {})})
         .replay(**{**REPLAY, **(replay or {})})
         .reporting(min_sample_timesteps_per_iteration=MIN_STEPS_PER_ITERATION)
         .debugging(seed=seed)
@@ -184,8 +192,24 @@ def make_race(
     return RACES[kind](cap_s or CAPS_S.get(kind, 600.0), eval_every_s, envs)
 
 
-def _head_to_head(name, title, default_envs, target, cap_s, eval_every_s, envs) -> Race:
+#: the ``lean`` race's arm of GorilaDQN's class defaults since 2026-12-07 (the Polyak
+#: target) with a replay that keeps the whole run, as the examples do: what kept 94-100 % of
+#: its tests after the target in the ablation race (``replay 400k, Polyak target``)
+KEPT_ARM = (
+    "GorilaDQN, Polyak target, whole run",
+    {"training": POLYAK_TARGET, "replay": {"capacity": 1_500_000}},
+    "the Polyak target (tau 0.008 after every update, the class default since 2026-12-07) and "
+    "a replay of 1.5M rows, the whole run kept (650 s at up to 2,300 env steps/s)",
+)
+
+
+def _head_to_head(
+    name, title, default_envs, target, cap_s, eval_every_s, envs, more_arms=()
+) -> Race:
+    """GorilaDQN against RLlib's DQN, and ``more_arms`` ((name, settings, note): GorilaDQN
+    with ``settings`` changed)."""
     arm = partial(rllib_arm, eval_every_s=eval_every_s)
+    gorila = partial(arm, algorithm="gorila", **GORILA_SETTINGS)
     return Race(
         name=name,
         title=title,
@@ -193,8 +217,12 @@ def _head_to_head(name, title, default_envs, target, cap_s, eval_every_s, envs) 
         target=target,
         cap_s=cap_s,
         arms=(
-            Arm("GorilaDQN", partial(arm, algorithm="gorila", **GORILA_SETTINGS), GORILA_NOTE),
+            Arm("GorilaDQN", gorila, GORILA_NOTE),
             Arm("DQN", partial(arm, algorithm="dqn", **DQN_SETTINGS), DQN_NOTE),
+            *(
+                Arm(arm_name, partial(gorila, **changes), f"{GORILA_NOTE}; {why}")
+                for arm_name, changes, why in more_arms
+            ),
         ),
         baseline="DQN",
         notes=(
@@ -241,7 +269,7 @@ def _layouts(cap_s, eval_every_s, envs) -> Race:
 #: the ``ablation`` race's GorilaDQN arms: (name, changes to the race's GorilaDQN, why it is a
 #: suspect when a run forgets the target it reached: ``make demo`` fell from 475 to 140-200)
 ABLATIONS = (
-    ("GorilaDQN", {}, "its class defaults"),
+    ("GorilaDQN", {}, "the target copied every 250 updates, the class default until 2026-12-07"),
     (
         "replay 400k",
         {"replay": {"capacity": 400_000}},
@@ -357,7 +385,7 @@ ABLATIONS = (
     ),
     (
         "Polyak target",
-        {"training": {"target_update_every_n_updates": 1, "tau": 0.008}},
+        {"training": POLYAK_TARGET},
         "the target network moved 0.008 of the way to the online one after every update, not "
         "copied every 250: on average it lags (1 - tau) / tau = 124 updates behind, as a copy "
         "every 250 does (124.5), but the bootstrap never jumps",
@@ -368,7 +396,7 @@ ABLATIONS = (
         "replay 400k, Polyak target",
         {
             "replay": {"capacity": 400_000},
-            "training": {"target_update_every_n_updates": 1, "tau": 0.008},
+            "training": POLYAK_TARGET,
         },
         "the whole run kept in the replay, the target moved 0.008 of the way after every update",
     ),
@@ -377,11 +405,7 @@ ABLATIONS = (
     (
         "weights every 100, Polyak target",
         {
-            "training": {
-                "weight_sync_every_n_steps": 100,
-                "target_update_every_n_updates": 1,
-                "tau": 0.008,
-            }
+            "training": {"weight_sync_every_n_steps": 100, **POLYAK_TARGET}
         },
         "the runners pull newer weights every 100 env steps, the target moved 0.008 of the "
         "way after every update",
@@ -430,6 +454,7 @@ RACES = {
         "CartPole-v1",
         ("CartPole-v1",),
         TARGET,
+        more_arms=(KEPT_ARM,),
     ),
     "layouts": _layouts,
     "ablation": _ablation,

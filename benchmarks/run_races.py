@@ -125,7 +125,14 @@ QUEUE = (
     # GorilaDQN (Tianshou) past the target, one setting changed at a time (5 seeds, 150 s)
     Queued("tianshou_gorila_vs_dqn.py", "ablation", extra=("--throughput-actors",)),
     # the GorilaDQN pairs: their baselines take 3-4 minutes to the target (IQM 213 s and 179 s)
-    Queued("rllib_gorila_vs_dqn.py", "lean", retention=True, cap_s=650.0),
+    Queued(
+        "rllib_gorila_vs_dqn.py",
+        "lean",
+        retention=True,
+        # the class defaults since 2026-12-07 (the Polyak target), the whole run in the replay
+        arms=("GorilaDQN, Polyak target, whole run", "DQN"),
+        cap_s=650.0,
+    ),
     Queued(
         "tianshou_gorila_vs_dqn.py",
         extra=("--throughput-actors",),

@@ -74,8 +74,12 @@ def train_gorila(config: dict) -> None:
         n_step_return_horizon=config["n_step"],
         target_update_freq=250,
     )
+    max_epochs = math.ceil(config["max_env_steps"] / config["epoch_steps"])
+    # the whole trial (each epoch's env steps and up to one collect step past it): a replay
+    # that drops the early falls lets a learned policy forget (docs/tianshou.md)
+    whole_trial = max(1_000, max_epochs * (config["epoch_steps"] + 256))
     buffer = DistributedPrioritizedReplayBuffer(
-        50_000,
+        whole_trial,
         num_shards=1,
         num_cpus_per_shard=SHARD_CPUS,
         min_size_to_sample=1_000,
@@ -109,7 +113,7 @@ def train_gorila(config: dict) -> None:
             OffPolicyTrainerParams(
                 training_collector=collector,
                 test_collector=test_collector,
-                max_epochs=math.ceil(config["max_env_steps"] / config["epoch_steps"]),
+                max_epochs=max_epochs,
                 epoch_num_steps=config["epoch_steps"],
                 collection_step_num_env_steps=256,
                 update_step_num_gradient_steps_per_sample=0.25,

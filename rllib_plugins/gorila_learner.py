@@ -53,7 +53,7 @@ from ray.rllib.utils.numpy import convert_to_numpy
 from ray.rllib.utils.torch_utils import convert_to_torch_tensor
 
 from rl_dist_ext.gorila import NEXT_ACTION_MASK, GorilaLearner, GorilaLearnerCounters
-from rl_dist_ext.ops.dqn import double_dqn_loss, polyak_update
+from rl_dist_ext.ops.dqn import double_dqn_loss, polyak_update, target_tau
 from rl_dist_ext.replay.prioritized import ReplaySample
 from rllib_plugins.lean_gradients import LeanGradients
 from rllib_plugins.multi_agent import OptimizeTrainedModulesOnly, trained_module_ids
@@ -309,11 +309,13 @@ class GorilaDQNTorchLearner(
 
     def _sync_target_networks(self) -> None:
         """Every C updates: each trained module's target moves to ``tau * online + (1 - tau) *
-        target`` (DQN's ``tau``; 1.0, the default, copies the online network with RLlib's own
-        update, less mixes in place: with C = 1 it runs after every update)."""
+        target`` (DQN's ``tau``, the module's own; ``None``, GorilaDQN's default, picks it from
+        C: :func:`~rl_dist_ext.ops.dqn.target_tau`). 1.0 copies the online network with
+        RLlib's own update, less mixes in place."""
+        every = self.config.target_update_every_n_updates
         for module_id in self.trained_modules:
             module = self.module[module_id]
-            tau = self.config.get_config_for_module(module_id).tau
+            tau = target_tau(self.config.get_config_for_module(module_id).tau, every)
             for main_net, target_net in module.unwrapped().get_target_network_pairs():
                 if tau == 1.0:
                     update_target_network(main_net=main_net, target_net=target_net, tau=1.0)

@@ -77,6 +77,8 @@ GORILA_TRAINING = (
     "epsilon_alpha",
     "weights_encoding",
     "weights_delta_tolerance",
+    "tau",  # DQN's, checked by GorilaDQN (None: picked from the target period)
+    "adam_epsilon",  # DQN's, used by GorilaDQN's learner
 )
 RLLIB_FIELDS = [("replay", name) for name in sorted(REPLAY_SETTINGS)] + [
     ("training", name) for name in GORILA_TRAINING

@@ -279,5 +279,5 @@ def test_a_report_speaks_for_the_arms_that_ran_and_names_the_others(tmp_path):
     assert race_tables.runs_done(report) == (2, 2)  # not 2 of 3
     assert race_tables.uneven_arms(report) == []
     table = (tmp_path / "tiny_race.md").read_text()
-    assert "**queued**" not in table and "- Not run yet: queued." in table
-    assert "- Not run yet: queued." in race_tables.page([report])
+    assert "- **queued**" not in table and "- Not run yet: **queued**." in table
+    assert "- Not run yet: **queued**." in race_tables.page([report])

@@ -567,3 +567,15 @@ def test_polyak_update_matches_naive_mix_and_copies_counters(tau):
             assert torch.equal(after[name], source[name]), name
     assert after["1.num_batches_tracked"].item() == 1
     assert all(a is b for a, b in zip(params, target.parameters(), strict=True))
+
+
+def test_target_tau_is_the_one_given_or_picked_from_the_period():
+    """``None`` picks a Polyak factor for a target moved after every update, whose mean lag
+    (1 - tau) / tau is a copy's every 250 updates ((250 - 1) / 2), and a copy for a longer
+    period; a given tau is used as it is."""
+    from rl_dist_ext.ops.dqn import POLYAK_TAU, target_tau
+
+    assert target_tau(None, 1) == POLYAK_TAU == 0.008
+    assert (1 - POLYAK_TAU) / POLYAK_TAU == pytest.approx((250 - 1) / 2, abs=0.5)
+    assert target_tau(None, 2) == target_tau(None, 250) == 1.0
+    assert target_tau(0.3, 1) == target_tau(0.3, 250) == 0.3

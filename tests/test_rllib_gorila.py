@@ -519,9 +519,9 @@ def test_episodes_to_rollout_on_hand_built_chunks():
 
 
 def target_updates(
-    overrides: dict | None = None, **training
+    overrides: dict | None = None, every: int = 3, **training
 ) -> tuple[list[list[dict]], list[list[dict]]]:
-    """A learner with C = 3 (and ``training``; ``overrides``: the default module's
+    """A learner with C = ``every`` (and ``training``; ``overrides``: the default module's
     ``algorithm_config_overrides_per_module``) after each of 10 updates on random CartPole
     rows: its online and its target networks' states, index 0 before the first update."""
     import gymnasium as gym
@@ -532,7 +532,7 @@ def target_updates(
     from rllib_plugins.gorila_learner import replay_rows_to_batch
 
     torch.manual_seed(0)
-    config = small_config(target_update_every_n_updates=3, lr=1e-2, **training)
+    config = small_config(target_update_every_n_updates=every, lr=1e-2, **training)
     if overrides:
         config.multi_agent(algorithm_config_overrides_per_module={DEFAULT_MODULE_ID: overrides})
     learner = config.build_learner(env=gym.make("CartPole-v1"))
@@ -572,8 +572,9 @@ def equal_states(a: list[dict], b: list[dict]) -> bool:
 
 
 def test_learner_target_network_is_updated_exactly_every_c_gradient_updates():
-    """C = 3: after update k the target equals the online network as it was after update
-    3 * (k // 3) (the initial weights before the first multiple), and nothing in between."""
+    """C = 3 set alone (``tau`` left at GorilaDQN's ``None``: a copy for C > 1): after update
+    k the target equals the online network as it was after update 3 * (k // 3) (the initial
+    weights before the first multiple), and nothing in between."""
     online, target = target_updates()
     assert equal_states(target[0], online[0])
     for k in range(1, 11):
@@ -582,19 +583,23 @@ def test_learner_target_network_is_updated_exactly_every_c_gradient_updates():
 
 
 @pytest.mark.parametrize(
-    "settings",
-    [{"tau": 0.25}, {"overrides": {"tau": 0.25}}],
-    ids=["tau", "the module's own tau"],
+    "settings, tau, every",
+    [
+        ({"tau": 0.25}, 0.25, 3),
+        ({"overrides": {"tau": 0.25}}, 0.25, 3),
+        ({}, 0.008, 1),
+    ],
+    ids=["tau", "the module's own tau", "GorilaDQN's default: C = 1, tau None"],
 )
-def test_learner_target_update_mixes_in_tau_of_the_online_network(settings):
-    """DQN's ``tau`` (the config's, or a module's override of it): every C = 3 updates the
-    target moves to ``tau * online + (1 - tau) * target`` (a Polyak update; tau = 1 is the
-    hard copy above), and stays put in between."""
-    tau = 0.25
-    online, target = target_updates(**settings)
+def test_learner_target_update_mixes_in_tau_of_the_online_network(settings, tau, every):
+    """DQN's ``tau`` (the config's, or a module's override of it): every C updates the target
+    moves to ``tau * online + (1 - tau) * target`` (a Polyak update; tau = 1 is the hard copy
+    above), and stays put in between. GorilaDQN's default, C = 1 with ``tau=None``, moves it
+    0.008 of the way after every update."""
+    online, target = target_updates(every=every, **settings)
     expected = target[0]
     for k in range(1, 11):
-        if k % 3 == 0:
+        if k % every == 0:
             expected = [
                 {name: tau * on[name] + (1 - tau) * old[name] for name in old}
                 for on, old in zip(online[k], expected, strict=True)
