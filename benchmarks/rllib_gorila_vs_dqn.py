@@ -269,7 +269,7 @@ def _layouts(cap_s, eval_every_s, envs) -> Race:
 #: the ``ablation`` race's GorilaDQN arms: (name, changes to the race's GorilaDQN, why it is a
 #: suspect when a run forgets the target it reached: ``make demo`` fell from 475 to 140-200)
 ABLATIONS = (
-    ("GorilaDQN", {}, "the target copied every 250 updates, the class default until 2026-12-07"),
+    ("GorilaDQN", {}, "the race's settings"),
     (
         "replay 400k",
         {"replay": {"capacity": 400_000}},

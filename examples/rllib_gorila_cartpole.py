@@ -33,17 +33,24 @@ parser = example_parser(
 )
 
 
+#: the replay's rows: the default run's 150k env steps and RLlib's overshoot of its last
+#: iterations; a longer run keeps its last 200k
+REPLAY_ROWS = 200_000
+
+
 def build_config(args) -> GorilaDQNConfig:
     """GorilaDQNConfig's defaults (lr 1e-3, batch 128, n-step 3, a Polyak target moved 0.008
     of the way after every gradient update, 16 samples per insert held by the rate limiter)
-    plus the layout, and a replay that keeps the whole run: one that drops the early falls
-    lets a learned policy forget (docs/benchmarks.md, "Retention after the target")."""
+    plus the layout, and a replay of :data:`REPLAY_ROWS` that keeps the whole of the default
+    run: one that drops the early falls lets a learned policy forget (docs/benchmarks.md,
+    "Retention after the target"). One size whatever the budget, so that ``--restore-from``
+    a checkpoint of a shorter run restores its replay."""
     config = (
         GorilaDQNConfig()
         .environment("CartPole-v1")
         .env_runners(num_cpus_per_env_runner=0.2)
         .learners(num_learners=0)
-        .replay(num_shards=2, capacity=max(args.stop_timesteps, 2_000))
+        .replay(num_shards=2, capacity=REPLAY_ROWS)
         .reporting(min_sample_timesteps_per_iteration=1_000)
     )
     return greedy_evaluation(config)
