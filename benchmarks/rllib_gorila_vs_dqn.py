@@ -404,9 +404,7 @@ ABLATIONS = (
     # a fifth fewer env steps to the target): less lag with the smooth target
     (
         "weights every 100, Polyak target",
-        {
-            "training": {"weight_sync_every_n_steps": 100, **POLYAK_TARGET}
-        },
+        {"training": {"weight_sync_every_n_steps": 100, **POLYAK_TARGET}},
         "the runners pull newer weights every 100 env steps, the target moved 0.008 of the "
         "way after every update",
     ),
