@@ -547,12 +547,12 @@ def plot(race: Race, results: Path, summary: dict, path: Path) -> None:
 
 def arms_that_ran(race: Race, results: Path) -> tuple[Race, list[str]]:
     """``race`` cut to its baseline and the arms with a finished run on some env, and the
-    names of the others: a report speaks for the arms that ran, whatever ``--arms`` a pass
-    chose (an arm defined for another pass, or queued, is named as not run, not counted as
-    a race's missing runs)."""
+    names of the arms with none (the baseline among them where it has none): a report speaks
+    for the arms that ran, whatever ``--arms`` a pass chose (an arm defined for another pass,
+    or queued, is named as not run, not counted as a race's missing runs)."""
     ran = {name for by_arm in load_runs(race, results).values() for name, r in by_arm.items() if r}
     kept = tuple(arm for arm in race.arms if arm.name in ran or arm.name == race.baseline)
-    not_run = [arm.name for arm in race.arms if arm not in kept]
+    not_run = [arm.name for arm in race.arms if arm.name not in ran]
     return dataclasses.replace(race, arms=kept), not_run
 
 

@@ -218,7 +218,10 @@ class GorilaDQNConfig(CentralInferenceSettingsMixin, DQNConfig):
                 refused), to ``tau * online + (1 - tau) * target`` with DQN's ``tau``. By
                 default C = 1 and ``tau=None``, which picks 0.008 for C = 1 (a Polyak target,
                 on average 124 updates behind) and 1.0 (a copy) for C > 1, so that setting C
-                alone gives a copy every C updates; a ``tau`` given is used as it is.
+                alone gives a copy every C updates; a ``tau`` given is used as it is, after
+                every update unless C is set too (until 2026-12-07 the default was C = 250
+                with DQN's ``tau`` of 1.0). The period is the algorithm's: a module's
+                override of it is refused (a module may override ``tau``).
             weight_sync_every_n_steps: env runners pull newer weights every K of their env
                 steps.
             updates_per_iteration: gradient updates per ``train()`` call.
@@ -347,8 +350,17 @@ class GorilaDQNConfig(CentralInferenceSettingsMixin, DQNConfig):
         check_real("epsilon_base", self.epsilon_base, low=0.0, high=1.0)
         check_real("epsilon_alpha", self.epsilon_alpha, low=0.0)
         # each module's learner builds its Adam and updates its target with its own values;
-        # tau None (the default) is picked from the target period
+        # tau None (the default) is picked from the target period, which is the algorithm's
         overrides = self.algorithm_config_overrides_per_module or {}
+        for module_id, values in overrides.items():
+            for name in ("target_update_every_n_updates", "target_network_update_freq"):
+                if name in values:
+                    raise ValueError(
+                        f"algorithm_config_overrides_per_module[{module_id!r}][{name!r}]: "
+                        "GorilaDQN updates every module's target on one period; set "
+                        "training(target_update_every_n_updates=...) (and a module's own "
+                        "tau, if it needs another mix)"
+                    )
         for name, high, may_be_none in (("adam_epsilon", None, False), ("tau", 1.0, True)):
             given = [(name, getattr(self, name))] + [
                 (f"algorithm_config_overrides_per_module[{module_id!r}][{name!r}]", values[name])

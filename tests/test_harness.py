@@ -6,6 +6,7 @@ with a greedy return of 500 within a second), and a random policy (never does)."
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
 import time
@@ -281,3 +282,10 @@ def test_a_report_speaks_for_the_arms_that_ran_and_names_the_others(tmp_path):
     table = (tmp_path / "tiny_race.md").read_text()
     assert "- **queued**" not in table and "- Not run yet: **queued**." in table
     assert "- Not run yet: **queued**." in race_tables.page([report])
+
+    # a baseline with no runs stays in the race (its ratios are n/a) and is named as not run
+    harness.write_report(dataclasses.replace(the_race, baseline="queued"), tmp_path)
+    report = json.loads((tmp_path / "tiny_race.json").read_text())
+    assert sorted(report["arms"]) == ["queued", "random", "search"]
+    assert report["not_run"] == ["queued"]
+    assert race_tables.runs_done(report) == (2, 3)

@@ -80,12 +80,13 @@ def test_a_run_stops_at_its_reward_only_when_asked(examples):
 
 # CI runs seed 3. With the Polyak target (the default since 2026-12-07) seeds 0-4 reached 150 at
 # 9.9k-19.6k, 16.1k-33.5k, 10.3k, 9.8k and 9.3k env steps (seeds 0 and 1 over 3 runs each); one
-# run of seed 1 of 4 did not within 50k. With the copy every 250 updates: 9.3k-13.5k (2026-12-05)
+# run of seed 1 of 4 did not within 50k, so the budget is 75k. With the copy every 250 updates:
+# 9.3k-13.5k (2026-12-05)
 @pytest.mark.parametrize("seed", learning_seeds(ci=3))
 def test_gorila_cartpole_example_reaches_its_greedy_reward_as_test(
     ray_session, examples, tmp_path, seed, learning_curve, capsys
 ):
-    """GorilaDQN on CartPole: the greedy evaluation return reaches 150 within 50k env steps;
+    """GorilaDQN on CartPole: the greedy evaluation return reaches 150 within 75k env steps;
     then ``--restore-from`` the trial's checkpoint goes on from its state, to its budget past a
     reward it reaches at once, and prints what it kept."""
     from rllib_plugins.evaluation import greedy_return
@@ -94,7 +95,7 @@ def test_gorila_cartpole_example_reaches_its_greedy_reward_as_test(
     argv = [
         "--as-test",
         "--stop-reward=150",
-        "--stop-timesteps=50000",
+        "--stop-timesteps=75000",
         "--num-env-runners=2",
         "--evaluation-interval=3",
         "--evaluation-duration=5",

@@ -105,6 +105,22 @@ def test_registered_with_tune_and_rllib(ray_session):
             r"\['default_policy'\]\['tau'\] must be a number > 0.0 and <= 1.0, got 2",
         ),
         (lambda c: c.training(target_network_update_freq=1000), "target_update_every_n_updates"),
+        (
+            lambda c: c.multi_agent(
+                algorithm_config_overrides_per_module={
+                    "default_policy": {"target_update_every_n_updates": 10}
+                }
+            ),
+            r"\['default_policy'\]\['target_update_every_n_updates'\]: GorilaDQN updates",
+        ),
+        (
+            lambda c: c.multi_agent(
+                algorithm_config_overrides_per_module={
+                    "default_policy": {"target_network_update_freq": 500}
+                }
+            ),
+            r"\['default_policy'\]\['target_network_update_freq'\]: GorilaDQN updates",
+        ),
         (lambda c: c.training(tau=0.0), "tau must be a number > 0.0 and <= 1.0, got 0.0"),
         (lambda c: c.training(tau=1.5), "tau must be a number > 0.0 and <= 1.0, got 1.5"),
         (lambda c: c.training(tau="0.5"), "tau must be a number > 0.0 and <= 1.0, got '0.5'"),
@@ -140,6 +156,18 @@ def test_replay_settings_reach_the_replay_config():
     assert (replay.batches_per_request, replay.prefetch, replay.num_shards) == (2, 3, 3)
     # a later call changes only what it names (the default: 4 batches per round trip)
     assert small_config().replay(prefetch=5).replay_config().batches_per_request == 4
+
+
+def test_the_default_target_is_a_polyak_one_moved_after_every_update():
+    """GorilaDQN's class defaults: C = 1 with ``tau=None``, which the learner reads as 0.008
+    (the mix itself: ``test_learner_target_update_mixes_in_tau_of_the_online_network``)."""
+    from rl_dist_ext.ops.dqn import target_tau
+    from rllib_plugins import GorilaDQNConfig
+
+    config = GorilaDQNConfig()
+    assert (config.target_update_every_n_updates, config.tau) == (1, None)
+    assert target_tau(config.tau, config.target_update_every_n_updates) == 0.008
+    config.environment("CartPole-v1").validate()  # None is taken
 
 
 def test_replay_defaults_are_the_core_configs_but_where_gorila_says_otherwise():
