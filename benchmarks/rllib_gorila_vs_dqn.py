@@ -227,8 +227,8 @@ def _head_to_head(
         baseline="DQN",
         notes=(
             f"A 2-episode greedy screen every {eval_every_s:g} training seconds, 10 episodes "
-            "deciding when it reaches the target (evaluation time not counted); Ray with 2 "
-            "CPUs per run.",
+            "deciding when it reaches the target (in the retention race, 10 episodes every "
+            "time; evaluation time not counted); Ray with 2 CPUs per run.",
         ),
     )
 
