@@ -356,8 +356,9 @@ class GorilaDQNConfig(CentralInferenceSettingsMixin, DQNConfig):
             for name in ("target_update_every_n_updates", "target_network_update_freq"):
                 if name in values:
                     raise ValueError(
-                        f"algorithm_config_overrides_per_module[{module_id!r}][{name!r}]: "
-                        "GorilaDQN updates every module's target on one period; set "
+                        f"algorithm_config_overrides_per_module[{module_id!r}][{name!r}]="
+                        f"{values[name]!r}: GorilaDQN updates every module's target on one "
+                        "period, not per module; set "
                         "training(target_update_every_n_updates=...) (and a module's own "
                         "tau, if it needs another mix)"
                     )

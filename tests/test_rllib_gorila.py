@@ -111,7 +111,7 @@ def test_registered_with_tune_and_rllib(ray_session):
                     "default_policy": {"target_update_every_n_updates": 10}
                 }
             ),
-            r"\['default_policy'\]\['target_update_every_n_updates'\]: GorilaDQN updates",
+            r"\['default_policy'\]\['target_update_every_n_updates'\]=10: GorilaDQN updates",
         ),
         (
             lambda c: c.multi_agent(
@@ -119,7 +119,7 @@ def test_registered_with_tune_and_rllib(ray_session):
                     "default_policy": {"target_network_update_freq": 500}
                 }
             ),
-            r"\['default_policy'\]\['target_network_update_freq'\]: GorilaDQN updates",
+            r"\['default_policy'\]\['target_network_update_freq'\]=500: GorilaDQN updates",
         ),
         (lambda c: c.training(tau=0.0), "tau must be a number > 0.0 and <= 1.0, got 0.0"),
         (lambda c: c.training(tau=1.5), "tau must be a number > 0.0 and <= 1.0, got 1.5"),
