@@ -132,6 +132,16 @@ def retention_race(race: Race) -> Race:
     return dataclasses.replace(race, name=f"{race.name}_retention", retention=True)
 
 
+def changed_arms(
+    run: Callable[..., dict], note: str, changes: Sequence[tuple[str, dict, str]]
+) -> tuple[Arm, ...]:
+    """An arm per ``(arm name, keyword changes to run, why)`` in ``changes``: ``run`` with the
+    changes, noted ``"<note>; <why>"``."""
+    return tuple(
+        Arm(arm_name, partial(run, **change), f"{note}; {why}") for arm_name, change, why in changes
+    )
+
+
 def ablation_race(
     name: str,
     title: str,
@@ -155,10 +165,7 @@ def ablation_race(
         envs=envs,
         target=target,
         cap_s=cap_s,
-        arms=tuple(
-            Arm(arm_name, partial(run, **change), f"{note}; {why}")
-            for arm_name, change, why in ablations
-        ),
+        arms=changed_arms(run, note, ablations),
         baseline=ablations[0][0],
         seeds=(0, 1, 2, 3, 4),
         notes=notes,

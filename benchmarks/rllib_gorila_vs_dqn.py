@@ -31,7 +31,14 @@ from __future__ import annotations
 import argparse
 from functools import partial
 
-from harness import Arm, Race, ablation_race, add_race_arguments, run_and_report
+from harness import (
+    Arm,
+    Race,
+    ablation_race,
+    add_race_arguments,
+    changed_arms,
+    run_and_report,
+)
 from race import EVAL_ENVS, TARGET, rllib_race_run
 
 ACROBOT_TARGET = -100.0
@@ -219,10 +226,7 @@ def _head_to_head(
         arms=(
             Arm("GorilaDQN", gorila, GORILA_NOTE),
             Arm("DQN", partial(arm, algorithm="dqn", **DQN_SETTINGS), DQN_NOTE),
-            *(
-                Arm(arm_name, partial(gorila, **changes), f"{GORILA_NOTE}; {why}")
-                for arm_name, changes, why in more_arms
-            ),
+            *changed_arms(gorila, GORILA_NOTE, more_arms),
         ),
         baseline="DQN",
         notes=(
