@@ -264,8 +264,7 @@ def test_an_ablation_race_changes_one_setting_per_arm_over_the_first_arms():
 
 
 def test_a_report_speaks_for_the_arms_that_ran_and_names_the_others(tmp_path):
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
-    import race_tables
+    import race_tables  # beside harness in benchmarks/, on the path set above
 
     queued = harness.Arm("queued", random_policy, "an arm with no runs yet", False)
     the_race = race(arms=(*race().arms, queued), seeds=(0,), cap_s=0.5)
