@@ -881,9 +881,11 @@ def test_learner_in_its_own_actor_samples_every_shard_and_survives_a_killed_shar
     """num_learners=1: the learner actor samples the replay and publishes weights itself (the
     layout a GPU learner uses; here on CPU). Its replay client was unpickled in that actor: it
     must still sample every shard, and go on when a shard is killed (restarted from its
-    snapshot; the failure is reported). Its updates are fused 4 to a ``Learner.update`` call."""
+    snapshot; the failure is reported). Its updates are fused 4 to a ``Learner.update`` call,
+    and its target is GorilaDQN's default (``tau=None`` with C = 1: a Polyak mix after every
+    update, ``tau`` picked inside the actor)."""
     algorithm = (
-        small_config(runners=1, updates_per_learner_call=4)
+        small_config(runners=1, updates_per_learner_call=4, target_update_every_n_updates=1)
         .learners(num_learners=1, num_cpus_per_learner=0.3)
         .replay(
             num_shards=4,
@@ -906,6 +908,8 @@ def test_learner_in_its_own_actor_samples_every_shard_and_survives_a_killed_shar
         # Versions count gradient updates: 0 until the replay first holds enough rows.
         assert versions[-1] > versions[0] >= 0
         assert result["learners"]["__all_modules__"]["num_gradient_updates"] > 0
+        # the default target moved after every gradient update (versions count them)
+        assert result["learners"]["default_policy"]["num_target_updates"] == versions[-1]
         # Every runner acts with weights the learner actor published after the first ones.
         assert 0 <= result["gorila"]["policy_lag_max"] < versions[-1] - 1
         assert all(n > 0 for n in sampled), sampled
