@@ -336,13 +336,14 @@ def load_runs(race: Race, results: Path) -> dict[str, dict[str, list[dict]]]:
     return runs
 
 
-def summarize(race: Race, results: Path) -> dict:
+def summarize(race: Race, runs: dict[str, dict[str, list[dict]]]) -> dict:
     """Per env: each arm's times to target (training seconds; unreached runs at the cap), their
     IQM with its 95 % interval, the runs that reached; each arm's ratio IQM(arm)/IQM(baseline)
     with its interval, whether "faster" holds (the interval's upper end below 1) and the
-    probability that a run of the arm reaches the target sooner than one of the baseline."""
+    probability that a run of the arm reaches the target sooner than one of the baseline;
+    ``runs`` as :func:`load_runs` gives them."""
     summary: dict[str, Any] = {}
-    for env, by_arm in load_runs(race, results).items():
+    for env, by_arm in runs.items():
         arms: dict[str, Any] = {}
         times: dict[str, list[float]] = {}
         for name, records in by_arm.items():
@@ -507,7 +508,7 @@ def _iqm_band(grid: np.ndarray, curves: list[list[tuple[float, float]]]):
     return mid, low, high
 
 
-def plot(race: Race, results: Path, summary: dict, path: Path) -> None:
+def plot(race: Race, runs: dict[str, dict[str, list[dict]]], summary: dict, path: Path) -> None:
     """Per env: greedy return against training seconds and against env steps (IQM over seeds
     with its interval as a band), and the share of runs not yet at the target against training
     seconds (the survival curve; it ends above 0 where runs never got there)."""
@@ -516,7 +517,6 @@ def plot(race: Race, results: Path, summary: dict, path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    runs = load_runs(race, results)
     fig, axes = plt.subplots(len(runs), 3, figsize=(14, 3.6 * len(runs)), squeeze=False)
     for row, (env, by_arm) in enumerate(runs.items()):
         for name, records in by_arm.items():
@@ -552,23 +552,27 @@ def plot(race: Race, results: Path, summary: dict, path: Path) -> None:
     plt.close(fig)
 
 
-def arms_that_ran(race: Race, results: Path) -> tuple[Race, list[str]]:
-    """``race`` cut to its baseline and the arms with a finished run on some env, and the
-    names of the arms with none (the baseline among them where it has none): a report speaks
-    for the arms that ran, whatever ``--arms`` a pass chose (an arm defined for another pass,
-    or queued, is named as not run, not counted as a race's missing runs)."""
-    ran = {name for by_arm in load_runs(race, results).values() for name, r in by_arm.items() if r}
+def arms_that_ran(
+    race: Race, runs: dict[str, dict[str, list[dict]]]
+) -> tuple[Race, dict[str, dict[str, list[dict]]], list[str]]:
+    """``race`` and its ``runs`` (:func:`load_runs`) cut to the baseline and the arms with a
+    finished run on some env, and the names of the arms with none (the baseline among them
+    where it has none): a report speaks for the arms that ran, whatever ``--arms`` a pass
+    chose (an arm defined for another pass, or queued, is named as not run, not counted as a
+    race's missing runs)."""
+    ran = {name for by_arm in runs.values() for name, records in by_arm.items() if records}
     kept = tuple(arm for arm in race.arms if arm.name in ran or arm.name == race.baseline)
     not_run = [arm.name for arm in race.arms if arm.name not in ran]
-    return dataclasses.replace(race, arms=kept), not_run
+    kept_runs = {env: {arm.name: by_arm[arm.name] for arm in kept} for env, by_arm in runs.items()}
+    return dataclasses.replace(race, arms=kept), kept_runs, not_run
 
 
 def write_report(race: Race, results: Path) -> dict:
     """``<results>/<race>.json`` (the summary and every run's record), ``<race>.md`` and
     ``<race>.png``, for the arms that ran (:func:`arms_that_ran`; the others are named as not
     run); returns the summary."""
-    race, not_run = arms_that_ran(race, results)
-    summary = summarize(race, results)
+    race, runs, not_run = arms_that_ran(race, load_runs(race, results))
+    summary = summarize(race, runs)
     report = {
         "race": race.name,
         "title": race.title,
@@ -584,12 +588,12 @@ def write_report(race: Race, results: Path) -> dict:
         "arm_settings": {arm.name: arm_settings(arm) for arm in race.arms},
         "not_run": not_run,
         "summary": summary,
-        "runs": load_runs(race, results),
+        "runs": runs,
     }
     results.mkdir(parents=True, exist_ok=True)  # --report-only into a fresh --out
     (results / f"{race.name}.json").write_text(json.dumps(report, indent=1))
     (results / f"{race.name}.md").write_text(markdown(race, summary, not_run))
-    plot(race, results, summary, results / f"{race.name}.png")
+    plot(race, runs, summary, results / f"{race.name}.png")
     return summary
 
 
