@@ -250,7 +250,12 @@ def settings_sections() -> list[str]:
     from rl_dist_ext.replay import ObsCompression
     from rl_dist_ext.replay.distributed import DistributedReplayConfig
     from tianshou_plugins import ActorFleet
-    from tianshou_plugins.highlevel import GorilaParams, VTraceActorParams, VTraceParams
+    from tianshou_plugins.highlevel import (
+        GorilaDQNParams,
+        GorilaParams,
+        VTraceActorParams,
+        VTraceParams,
+    )
 
     out = ["## Settings objects\n"]
     for cls, own_only, note in (
@@ -258,6 +263,12 @@ def settings_sections() -> list[str]:
         (ObsCompression, False, "`rl_dist_ext.replay`: compressed pixel observations."),
         (CentralInference, False, "`rl_dist_ext.inference`: SEED mode's server."),
         (ActorFleet, False, "`tianshou_plugins`: a Tianshou collector's actors."),
+        (
+            GorilaDQNParams,
+            True,
+            "`tianshou_plugins.highlevel`: `GorilaDQNExperimentBuilder`'s algorithm settings, "
+            "besides Tianshou's `DQNParams` ones.",
+        ),
         (GorilaParams, False, "`tianshou_plugins.highlevel`: `GorilaDQNExperimentBuilder`."),
         (
             VTraceParams,

@@ -172,6 +172,37 @@ def test_target_network_is_hard_updated_every_target_update_freq_steps():
     assert algo.num_gradient_updates == 8
 
 
+@pytest.mark.parametrize(
+    ("settings", "tau"),
+    [
+        ({"target_update_freq": 1}, 0.008),  # tau None and a period of 1: Polyak's 0.008
+        ({"target_update_freq": 1, "tau": 0.1}, 0.1),
+        ({"target_update_freq": 2, "tau": 0.5}, 0.5),  # a tau given mixes every C updates
+    ],
+)
+def test_target_network_mixes_in_tau_of_the_online_network(settings, tau):
+    """Naive reference: at each target update, every target entry becomes ``tau * online + (1
+    - tau) * target`` from the values just before it; between updates it stays."""
+    algo = make_algo(**settings)
+    every = settings["target_update_freq"]
+
+    def entries(module) -> dict[str, torch.Tensor]:
+        return {k: v.detach().clone() for k, v in module.state_dict().items()}
+
+    online = algo.policy.model
+    target = entries(algo.model_old.module)
+    with policy_within_training_step(algo.policy):
+        for step in range(1, 7):
+            algo._update_with_batch(hand_batch(seed=step))
+            if step % every == 0:
+                after = entries(online)
+                target = {k: tau * after[k] + (1 - tau) * v for k, v in target.items()}
+            for key, value in entries(algo.model_old.module).items():
+                torch.testing.assert_close(value, target[key], rtol=1e-6, atol=1e-7)
+    moved = entries(online)
+    assert any(not torch.allclose(target[k], moved[k]) for k in target), "a mix, not a copy"
+
+
 def test_state_dict_round_trips_counters_and_optimizer():
     algo = make_algo(seed=0, target_update_freq=4)
     with policy_within_training_step(algo.policy):
@@ -209,6 +240,9 @@ def test_state_dict_round_trips_counters_and_optimizer():
         ({"target_update_freq": 0}, ValueError, "target_update_freq"),
         ({"huber_loss_delta": 0.0}, ValueError, "huber_loss_delta"),
         ({"huber_loss_delta": -1.0}, ValueError, "huber_loss_delta"),
+        ({"tau": 0.0}, ValueError, "tau"),
+        ({"tau": 1.5}, ValueError, "tau"),
+        ({"tau": "0.5"}, ValueError, "tau"),
     ],
 )
 def test_bad_algorithm_settings_raise(overrides, error, match):

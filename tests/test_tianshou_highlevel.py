@@ -10,11 +10,11 @@ def test_builder_runs_gorila_experiment_and_closes_cleanly(ray_session, tmp_path
     from tianshou.highlevel.config import OffPolicyTrainingConfig
     from tianshou.highlevel.env import EnvFactoryRegistered, VectorEnvType
     from tianshou.highlevel.experiment import ExperimentConfig
-    from tianshou.highlevel.params.algorithm_params import DQNParams
 
     from tianshou_plugins import ActorFleet, DistributedReplayConfig, GorilaCollector, GorilaDQN
     from tianshou_plugins.highlevel import (
         GorilaDQNExperimentBuilder,
+        GorilaDQNParams,
         GorilaParams,
         close_gorila_world,
     )
@@ -38,7 +38,9 @@ def test_builder_runs_gorila_experiment_and_closes_cleanly(ray_session, tmp_path
                 test_step_num_episodes=2,
             ),
         )
-        .with_dqn_params(DQNParams(lr=1e-3, n_step_return_horizon=3, target_update_freq=50))
+        .with_dqn_params(
+            GorilaDQNParams(lr=1e-3, n_step_return_horizon=3, target_update_freq=1, tau=0.05)
+        )
         .with_gorila_params(
             GorilaParams(
                 actors=ActorFleet(num_actors=2, envs_per_actor=2, num_cpus_per_actor=0.05, seed=0),
@@ -54,6 +56,7 @@ def test_builder_runs_gorila_experiment_and_closes_cleanly(ray_session, tmp_path
     world = result.world
     try:
         assert isinstance(world.algorithm, GorilaDQN)
+        assert world.algorithm.target_tau == 0.05  # the params' tau reached the algorithm
         assert isinstance(world.training_collector, GorilaCollector)
         assert world.training_collector.collect_step >= 1_500
         assert world.algorithm.num_gradient_updates >= 100

@@ -9,10 +9,11 @@ loss path, Huber included, applies the weights.
 One update runs through Tianshou's own template (``OffPolicyAlgorithm.update``: sample ->
 ``_preprocess_batch`` -> ``_update_with_batch`` -> ``_postprocess_batch``), whose hooks call the
 core learner step's phases (:class:`rl_dist_ext.gorila.GorilaLearner`): the gradient step counts
-one weights version and hard-updates the target network every ``target_update_freq`` gradient
-steps; the post-processing sends ``|TD|`` back as priorities. The collector publishes the weights
-(``GorilaLearner.publish``) each time the trainer hands control to acting. Versions count
-gradient updates; loading a state moves the version past every one published before.
+one weights version and updates the target network every ``target_update_freq`` gradient steps
+(a copy, or a Polyak mix with ``tau``); the post-processing sends ``|TD|`` back as priorities.
+The collector publishes the weights (``GorilaLearner.publish``) each time the trainer hands
+control to acting. Versions count gradient updates; loading a state moves the version past
+every one published before.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from tianshou.algorithm.optim import OptimizerFactory
 from tianshou.data import Batch, ReplayBuffer
 
 from rl_dist_ext.gorila import GorilaLearner, GorilaLearnerCounters
-from rl_dist_ext.ops.dqn import DQNLoss, double_dqn_loss
+from rl_dist_ext.ops.dqn import DQNLoss, double_dqn_loss, polyak_update, target_tau
 from rl_dist_ext.validation import check_int, check_real
 from tianshou_plugins.actor import q_values
 from tianshou_plugins.buffer import DistributedPrioritizedReplayBuffer
@@ -56,8 +57,14 @@ class GorilaDQN(GorilaLearnerCounters, DQN[DiscreteQLearningPolicy]):
         optim: optimizer factory (e.g. ``AdamOptimizerFactory(lr=1e-3)``).
         gamma: discount in [0, 1].
         n_step_return_horizon: n of the n-step transitions the actors fold (>= 1).
-        target_update_freq: gradient steps between hard target updates (>= 1: Gorila always has
-            a target network).
+        target_update_freq: gradient steps between target updates (>= 1: Gorila always has a
+            target network).
+        tau: the share of the online network mixed into the target at each target update,
+            ``target <- tau * online + (1 - tau) * target``, in (0, 1]; 1 copies (Tianshou's
+            hard update). ``None`` (the default) picks it from ``target_update_freq``: 0.008
+            for a target moved after every update (``target_update_freq=1``, a Polyak
+            target), a copy for a longer period (:func:`rl_dist_ext.ops.dqn.target_tau`, as
+            RLlib's GorilaDQN does with DQN's ``tau``).
         is_double: double-DQN target (online network selects, target evaluates); ``False`` uses
             the target network's max.
         huber_loss_delta: Huber loss with this delta; ``None`` for the squared loss
@@ -72,6 +79,7 @@ class GorilaDQN(GorilaLearnerCounters, DQN[DiscreteQLearningPolicy]):
         gamma: float = 0.99,
         n_step_return_horizon: int = 3,
         target_update_freq: int = 500,
+        tau: float | None = None,
         is_double: bool = True,
         huber_loss_delta: float | None = 1.0,
     ) -> None:
@@ -84,6 +92,8 @@ class GorilaDQN(GorilaLearnerCounters, DQN[DiscreteQLearningPolicy]):
         check_real("gamma", gamma, low=0.0, high=1.0)
         check_int("n_step_return_horizon", n_step_return_horizon, 1)
         check_int("target_update_freq", target_update_freq, 1)
+        if tau is not None:
+            check_real("tau", tau, low=0.0, high=1.0, strict=True)
         if huber_loss_delta is not None:
             check_real("huber_loss_delta", huber_loss_delta, low=0.0, strict=True)
         super().__init__(
@@ -95,15 +105,25 @@ class GorilaDQN(GorilaLearnerCounters, DQN[DiscreteQLearningPolicy]):
             is_double=is_double,
             huber_loss_delta=huber_loss_delta,
         )
+        #: the share of the online network mixed into the target at each target update
+        self.target_tau = target_tau(tau, target_update_freq)
         self.gorila = GorilaLearner(
             replay=None,  # Tianshou's template samples; the buffer comes with each update
             batch_size=None,
             prioritized=True,
             target_update_every=target_update_freq,
             publish_every=1,
-            sync_target=self._update_lagged_network_weights,
+            sync_target=self._sync_target,
             export_weights=self._actor_weights,
         )
+
+    def _sync_target(self) -> None:
+        """Every ``target_update_freq`` updates: a copy (Tianshou's own hard update) or the
+        Polyak mix of :attr:`target_tau` into the lagged network."""
+        if self.target_tau == 1.0:
+            self._update_lagged_network_weights()
+        else:
+            polyak_update(self.policy.model, self.model_old.module, self.target_tau)
 
     def _actor_weights(self) -> dict[str, torch.Tensor]:
         return cpu_state_dict(self.policy)

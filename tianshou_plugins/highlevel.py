@@ -11,7 +11,7 @@ persistence) is Tianshou's.
 
     experiment = (
         GorilaDQNExperimentBuilder(env_factory, ExperimentConfig(...), OffPolicyTrainingConfig(...))
-        .with_dqn_params(DQNParams(lr=1e-3, n_step_return_horizon=3, target_update_freq=250))
+        .with_dqn_params(GorilaDQNParams(lr=1e-3, n_step_return_horizon=3, target_update_freq=250))
         .with_gorila_params(GorilaParams(actors=ActorFleet(num_actors=4, envs_per_actor=4),
                                          replay=DistributedReplayConfig(num_shards=2)))
         .with_model_factory_default(hidden_sizes=(128, 128))
@@ -53,7 +53,7 @@ from tianshou.highlevel.algorithm import (
 )
 from tianshou.highlevel.env import EnvFactory, Environments, EnvMode
 from tianshou.highlevel.experiment import A2CExperimentBuilder, DQNExperimentBuilder
-from tianshou.highlevel.params.algorithm_params import OnPolicyAlgorithmParams
+from tianshou.highlevel.params.algorithm_params import DQNParams, OnPolicyAlgorithmParams
 from tianshou.highlevel.world import World
 
 from rl_dist_ext.replay.distributed import DistributedReplayConfig
@@ -64,6 +64,19 @@ from tianshou_plugins.collector import GorilaCollector
 from tianshou_plugins.gorila_dqn import GorilaDQN
 from tianshou_plugins.vtrace import VTrace, check_clip_settings
 from tianshou_plugins.vtrace_collector import VTraceCollector, check_trajectories_per_collect
+
+
+@dataclass(kw_only=True)
+class GorilaDQNParams(DQNParams):
+    """Tianshou's ``DQNParams`` with GorilaDQN's ``tau`` (a plain ``DQNParams`` works too).
+
+    Attributes:
+        tau: the share of the online network mixed into the target at each target update, in
+            (0, 1]; ``None`` picks it from ``target_update_freq``: 0.008 for a period of 1 (a
+            Polyak target), a copy for a longer one (:class:`~tianshou_plugins.GorilaDQN`).
+    """
+
+    tau: float | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
