@@ -217,6 +217,14 @@ def test_state_dict_round_trips_counters_and_optimizer():
     assert restored.num_gradient_updates == 5
     for key, value in algo.policy.state_dict().items():
         torch.testing.assert_close(restored.policy.state_dict()[key], value)
+    # the target network too (synced at update 4, so not the online one of update 5): a Polyak
+    # target cannot be rebuilt from the online weights
+    for key, value in algo.model_old.state_dict().items():
+        torch.testing.assert_close(restored.model_old.state_dict()[key], value)
+    assert not all(
+        torch.equal(t, o)
+        for t, o in zip(algo.model_old.parameters(), algo.policy.model.parameters(), strict=True)
+    )
     saved_optim, loaded_optim = algo.optim.state_dict(), restored.optim.state_dict()
     assert saved_optim["state"].keys() == loaded_optim["state"].keys() != set()
     for key, state in saved_optim["state"].items():
@@ -243,6 +251,7 @@ def test_state_dict_round_trips_counters_and_optimizer():
         ({"tau": 0.0}, ValueError, "tau"),
         ({"tau": 1.5}, ValueError, "tau"),
         ({"tau": "0.5"}, ValueError, "tau"),
+        ({"tau": True}, ValueError, "tau"),
     ],
 )
 def test_bad_algorithm_settings_raise(overrides, error, match):

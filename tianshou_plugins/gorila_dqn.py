@@ -93,7 +93,7 @@ class GorilaDQN(GorilaLearnerCounters, DQN[DiscreteQLearningPolicy]):
         check_int("n_step_return_horizon", n_step_return_horizon, 1)
         check_int("target_update_freq", target_update_freq, 1)
         if tau is not None:
-            check_real("tau", tau, low=0.0, high=1.0, strict=True)
+            tau = check_real("tau", tau, low=0.0, high=1.0, strict=True)
         if huber_loss_delta is not None:
             check_real("huber_loss_delta", huber_loss_delta, low=0.0, strict=True)
         super().__init__(
