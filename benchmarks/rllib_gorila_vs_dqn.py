@@ -279,6 +279,12 @@ def _layouts(cap_s, eval_every_s, envs) -> Race:
     )
 
 
+def kept_with(**training) -> dict:
+    """The ablation's changes for the whole run kept (400k rows) with the Polyak target and
+    ``training``'s settings."""
+    return {"replay": {"capacity": 400_000}, "training": {**POLYAK_TARGET, **training}}
+
+
 #: the ``ablation`` race's GorilaDQN arms: (name, changes to the race's GorilaDQN, why it is a
 #: suspect when a run forgets the target it reached: ``make demo`` fell from 475 to 140-200)
 ABLATIONS = (
@@ -407,10 +413,7 @@ ABLATIONS = (
     # target): it with the whole run kept
     (
         "replay 400k, Polyak target",
-        {
-            "replay": {"capacity": 400_000},
-            "training": POLYAK_TARGET,
-        },
+        kept_with(),
         "the whole run kept in the replay, the target moved 0.008 of the way after every update",
     ),
     # then (5 seeds: uniform replay kept 67 %; weights every 100 env steps kept 81 % in about
@@ -426,24 +429,18 @@ ABLATIONS = (
     # run): less noise in each step of the online network, with the new class defaults
     (
         "replay 400k, Polyak target, batch 512",
-        {
-            "replay": {"capacity": 400_000},
-            "training": {**POLYAK_TARGET, "train_batch_size_per_learner": 512},
-        },
+        kept_with(train_batch_size_per_learner=512),
         "the whole run kept, the Polyak target, and Ape-X's 512-row batch, not 128: each "
         "gradient averaged over 4x the rows, a quarter of the updates at the same replay ratio",
     ),
     (
         "replay 400k, Polyak target, lr 5e-4",
-        {"replay": {"capacity": 400_000}, "training": {**POLYAK_TARGET, "lr": 5e-4}},
+        kept_with(lr=5e-4),
         "the whole run kept, the Polyak target, half the learning rate",
     ),
     (
         "replay 400k, Polyak target, batch 256",
-        {
-            "replay": {"capacity": 400_000},
-            "training": {**POLYAK_TARGET, "train_batch_size_per_learner": 256},
-        },
+        kept_with(train_batch_size_per_learner=256),
         "the whole run kept, the Polyak target, a 256-row batch: half the updates at the same "
         "replay ratio",
     ),
