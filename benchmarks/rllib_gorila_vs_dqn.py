@@ -199,12 +199,18 @@ def make_race(
     return RACES[kind](cap_s or CAPS_S.get(kind, 600.0), eval_every_s, envs)
 
 
+def kept_with(rows: int = 400_000, **training) -> dict:
+    """Changes to the race's GorilaDQN: a replay of ``rows`` (the ablation's 400k keep its
+    whole run), the Polyak target and ``training``'s settings."""
+    return {"replay": {"capacity": rows}, "training": {**POLYAK_TARGET, **training}}
+
+
 #: the ``lean`` race's arm of GorilaDQN's class defaults since 2026-12-07 (the Polyak
 #: target) with a replay that keeps the whole run, as the examples do: what kept 93 % of its
 #: tests after the target over 10 seeds in the ablation race (``replay 400k, Polyak target``)
 KEPT_ARM = (
     "GorilaDQN, Polyak target, whole run",
-    {"training": POLYAK_TARGET, "replay": {"capacity": 1_500_000}},
+    kept_with(1_500_000),
     "the Polyak target (tau 0.008 after every update, the class default since 2026-12-07) and "
     "a replay of 1.5M rows, the whole run kept (650 s at up to 2,300 env steps/s)",
 )
@@ -213,7 +219,7 @@ KEPT_ARM = (
 #: target, lr 5e-4``) it kept more of its tests after the target in more env steps to it
 SLOWER_KEPT_ARM = (
     "GorilaDQN, Polyak target, whole run, lr 5e-4",
-    {"training": {**POLYAK_TARGET, "lr": 5e-4}, "replay": {"capacity": 1_500_000}},
+    kept_with(1_500_000, lr=5e-4),
     "the Polyak target, a replay of 1.5M rows (the whole run kept) and half the class "
     "default's learning rate (5e-4, not 1e-3)",
 )
@@ -277,12 +283,6 @@ def _layouts(cap_s, eval_every_s, envs) -> Race:
             "settings in each layout; the winners are the head-to-head races' arms.",
         ),
     )
-
-
-def kept_with(**training) -> dict:
-    """The ablation's changes for the whole run kept (400k rows) with the Polyak target and
-    ``training``'s settings."""
-    return {"replay": {"capacity": 400_000}, "training": {**POLYAK_TARGET, **training}}
 
 
 #: the ``ablation`` race's GorilaDQN arms: (name, changes to the race's GorilaDQN, why it is a

@@ -235,6 +235,9 @@ def dqn_arm(env: str, seed: int, cap_s: float, target: float, *, epoch_steps: in
         collector.close()
 
 
+#: the target moved 0.008 of the way to the online network after every update (RLlib's
+#: GorilaDQN's class default since 2026-12-07)
+POLYAK_TARGET = {"target_update": 1, "tau": 0.008}
 #: the ``ablation`` race's arms: (name, the change to GorilaDQN's settings, why it is a suspect
 #: when a run forgets the target it reached)
 ABLATIONS = (
@@ -251,13 +254,13 @@ ABLATIONS = (
     # it and the whole run kept, against 74 % for a copy every 250 updates)
     (
         "Polyak target",
-        {"target_update": 1, "tau": 0.008},
+        POLYAK_TARGET,
         "the target moved 0.008 of the way to the online network after every update, not "
         "copied every 250: the same mean lag (124 updates), no jumps",
     ),
     (
         "replay 400k, Polyak target",
-        {"capacity": 400_000, "target_update": 1, "tau": 0.008},
+        {"capacity": 400_000, **POLYAK_TARGET},
         "the whole run kept in the replay, the target moved 0.008 of the way after every update",
     ),
 )
