@@ -233,7 +233,7 @@ MSE_KEPT_ARM = (
     "GorilaDQN, Polyak target, whole run, MSE loss",
     kept_with(1_500_000, td_error_loss_fn="mse"),
     "the Polyak target, a replay of 1.5M rows (the whole run kept) and the squared TD error "
-    "as the loss (``td_error_loss_fn=\"mse\"``, not Huber's)",
+    "as the loss (``td_error_loss_fn`` mse), not Huber's",
 )
 
 

@@ -263,6 +263,15 @@ ABLATIONS = (
         {"capacity": 400_000, **POLYAK_TARGET},
         "the whole run kept in the replay, the target moved 0.008 of the way after every update",
     ),
+    # then (2026-12-07, after a diagnostic run of RLlib's GorilaDQN: Huber's bounded gradient
+    # left the rare rows before a fall unfitted, the squared error kept them): Tianshou's own
+    # DQN loss
+    ("MSE loss", {"huber_delta": None}, "the squared TD error (Tianshou DQN's loss), not Huber's"),
+    (
+        "replay 400k, Polyak target, MSE loss",
+        {"capacity": 400_000, **POLYAK_TARGET, "huber_delta": None},
+        "the whole run kept, the Polyak target and the squared TD error as the loss",
+    ),
 )
 #: training seconds a run at most, per race: the ablation's GorilaDQN first reached the target
 #: at 17 s in a trial run to 480 s (about 1,170 env steps/s), so its runs go on to 150 s, over
