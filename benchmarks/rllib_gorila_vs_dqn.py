@@ -456,6 +456,14 @@ ABLATIONS = (
         "the whole run kept, the Polyak target, a 256-row batch: half the updates at the same "
         "replay ratio",
     ),
+    # then (2026-12-07: the squared TD error kept 97-99 % of 650 s runs in the retention race):
+    # what it costs in time to the target
+    (
+        "replay 400k, Polyak target, MSE loss",
+        kept_with(td_error_loss_fn="mse"),
+        "the whole run kept, the Polyak target, the squared TD error as the loss, not Huber's: "
+        "the rare rows before a fall get a gradient in proportion to their error",
+    ),
 )
 
 
