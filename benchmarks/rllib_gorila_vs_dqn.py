@@ -225,10 +225,10 @@ SLOWER_KEPT_ARM = (
 )
 
 #: :data:`KEPT_ARM` with the squared TD error for its loss (DQN's ``td_error_loss_fn="mse"``)
-#: in place of Huber's: on a diagnostic run (2026-12-07, seed 2, 450 s) the Huber loss's
-#: bounded gradient left the rare rows before a fall unfitted (the online network sat 9 above
-#: their targets, the two actions' values within 1 of each other near a fall) and it dipped
-#: after the target; the squared error kept the gap at 9-15 and every test after 150 s
+#: in place of Huber's: in diagnostic runs (2026-12-07, seed 2) with Huber's loss the two
+#: actions' values near a fall came within 1 of each other and the prioritized batches sat 9
+#: above their targets on average while tests dipped; with the squared error the gap stayed
+#: at 9-15, the batches near their targets, and every test after 150 s kept
 MSE_KEPT_ARM = (
     "GorilaDQN, Polyak target, whole run, MSE loss",
     kept_with(1_500_000, td_error_loss_fn="mse"),
@@ -456,8 +456,8 @@ ABLATIONS = (
         "the whole run kept, the Polyak target, a 256-row batch: half the updates at the same "
         "replay ratio",
     ),
-    # then (2026-12-07: the squared TD error kept 97-99 % of 650 s runs in the retention race):
-    # what it costs in time to the target
+    # then (2026-12-07: the squared TD error kept 96-99 % of each 650 s run in the retention
+    # race, 98 % pooled over seeds 1-4): what it costs in time to the target
     (
         "replay 400k, Polyak target, MSE loss",
         kept_with(td_error_loss_fn="mse"),
