@@ -205,12 +205,16 @@ def kept_with(rows: int = 400_000, **training) -> dict:
     return {"replay": {"capacity": rows}, "training": {**POLYAK_TARGET, **training}}
 
 
+#: replay rows that keep the whole of a retention run (650 s at up to 2,300 env steps/s)
+RETENTION_RUN_ROWS = 1_500_000
+
+
 #: the ``lean`` race's arm of GorilaDQN's class defaults since 2026-12-07 (the Polyak
 #: target) with a replay that keeps the whole run, as the examples do: what kept 93 % of its
 #: tests after the target over 10 seeds in the ablation race (``replay 400k, Polyak target``)
 KEPT_ARM = (
     "GorilaDQN, Polyak target, whole run",
-    kept_with(1_500_000),
+    kept_with(RETENTION_RUN_ROWS),
     "the Polyak target (tau 0.008 after every update, the class default since 2026-12-07) and "
     "a replay of 1.5M rows, the whole run kept (650 s at up to 2,300 env steps/s)",
 )
@@ -219,7 +223,7 @@ KEPT_ARM = (
 #: target, lr 5e-4``) it kept more of its tests after the target in more env steps to it
 SLOWER_KEPT_ARM = (
     "GorilaDQN, Polyak target, whole run, lr 5e-4",
-    kept_with(1_500_000, lr=5e-4),
+    kept_with(RETENTION_RUN_ROWS, lr=5e-4),
     "the Polyak target, a replay of 1.5M rows (the whole run kept) and half the class "
     "default's learning rate (5e-4, not 1e-3)",
 )
@@ -231,7 +235,7 @@ SLOWER_KEPT_ARM = (
 #: at 9-15, the batches near their targets, and every test after 150 s kept
 MSE_KEPT_ARM = (
     "GorilaDQN, Polyak target, whole run, MSE loss",
-    kept_with(1_500_000, td_error_loss_fn="mse"),
+    kept_with(RETENTION_RUN_ROWS, td_error_loss_fn="mse"),
     "the Polyak target, a replay of 1.5M rows (the whole run kept) and the squared TD error "
     "as the loss (``td_error_loss_fn`` mse), not Huber's",
 )
