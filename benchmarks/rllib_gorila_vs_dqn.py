@@ -46,14 +46,15 @@ ACROBOT_TARGET = -100.0
 REPLAY = {"num_shards": 2, "capacity": 50_000, "min_size_to_sample": 1_000}
 MIN_STEPS_PER_ITERATION = 1_000
 
-#: the target the races' GorilaDQN arms were run with, GorilaDQN's class default until
-#: 2026-12-07 (a copy every 250 gradient updates): pinned, so that a race's runs before and
-#: after the default moved to a Polyak target are of one configuration
-RACE_TARGET = {"target_update_every_n_updates": 250, "tau": 1.0}
+#: the target and loss the races' GorilaDQN arms were run with, GorilaDQN's class defaults
+#: until 2026-12-07 (a copy every 250 gradient updates, Huber's loss): pinned, so that a race's
+#: runs before and after the defaults moved to a Polyak target and the squared TD error are of
+#: one configuration
+RACE_PINNED = {"target_update_every_n_updates": 250, "tau": 1.0, "td_error_loss_fn": "huber"}
 #: the class's Polyak target since 2026-12-07 (tau None picks 0.008 for a period of 1)
 POLYAK_TARGET = {"target_update_every_n_updates": 1, "tau": 0.008}
 #: GorilaDQN's settings in the races: its class defaults (16 samples per insert, batch 128,
-#: lr 1e-3) with :data:`RACE_TARGET`, in the layouts that won ``--race layouts``
+#: lr 1e-3) with :data:`RACE_PINNED`, in the layouts that won ``--race layouts``
 GORILA_SETTINGS = {
     "runners": 2,
     "envs_per_runner": 8,
@@ -96,7 +97,7 @@ def gorila_config(
     training: dict | None = None,
     replay: dict | None = None,
 ):
-    """GorilaDQNConfig's defaults with :data:`RACE_TARGET`, ``runners`` x ``envs_per_runner``,
+    """GorilaDQNConfig's defaults with :data:`RACE_PINNED`, ``runners`` x ``envs_per_runner``,
     learner in the driver; ``training`` and ``replay`` change settings of ``.training()`` and
     ``.replay()``."""
     from rllib_plugins import GorilaDQNConfig
@@ -106,7 +107,7 @@ def gorila_config(
         .environment(env)
         .env_runners(num_env_runners=runners, num_envs_per_env_runner=envs_per_runner)
         .learners(num_learners=0)
-        .training(**{**RACE_TARGET, **(training or {})})
+        .training(**{**RACE_PINNED, **(training or {})})
         .replay(**{**REPLAY, **(replay or {})})
         .reporting(min_sample_timesteps_per_iteration=MIN_STEPS_PER_ITERATION)
         .debugging(seed=seed)

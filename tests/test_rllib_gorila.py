@@ -170,6 +170,20 @@ def test_the_default_target_is_a_polyak_one_moved_after_every_update():
     config.environment("CartPole-v1").validate()  # None is taken
 
 
+def test_the_default_loss_is_the_squared_td_error_not_dqns_huber():
+    """GorilaDQN's class default departs from DQN's (the loss itself, both kinds:
+    ``test_learner_loss_is_the_core_double_dqn_loss_with_weights``)."""
+    from ray.rllib.algorithms.dqn import DQNConfig
+
+    from rllib_plugins import GorilaDQNConfig
+
+    assert GorilaDQNConfig().td_error_loss_fn == "mse"
+    assert DQNConfig().td_error_loss_fn == "huber"
+    huber = GorilaDQNConfig().environment("CartPole-v1").training(td_error_loss_fn="huber")
+    huber.validate()
+    assert huber.td_error_loss_fn == "huber"
+
+
 def test_replay_defaults_are_the_core_configs_but_where_gorila_says_otherwise():
     """One definition of each replay default: DistributedReplayConfig's, except the fields in
     REPLAY_DEFAULTS (with their reasons); the algorithm's own fields are not replay() settings."""
