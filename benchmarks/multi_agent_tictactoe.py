@@ -154,6 +154,9 @@ def rllib_config(algorithm: str, seed: int, dqn_envs: int = 1):
                 updates_per_iteration=32,
                 env_steps_per_request=64,
                 target_update_every_n_updates=100,
+                # DQN's Huber loss, as the recorded runs were (the class default is the
+                # squared TD error since 2026-12-07)
+                td_error_loss_fn="huber",
             )
             .replay(num_shards=2, capacity=20_000, min_size_to_sample=500)
             .reporting(min_sample_timesteps_per_iteration=500)
