@@ -5,8 +5,10 @@ Every arm learns with one DQN recipe, so that the race is about how fast each fr
 layout turns env steps into updates: the MinAtar paper's network (Young & Tian 2019: conv 16
 3x3/1, a 128-unit layer; uint8 frames scaled at the first layer), Adam lr 5e-4, batch 32,
 gamma 0.99, 3-step returns, a 100k-row replay that starts sampling at 5k rows, 8 replayed rows
-per inserted row (one update of 32 per 4 env steps), a hard target update every 1,000 updates,
-Huber's loss (RLlib DQN's; GorilaDQN's default is the squared TD error).
+per inserted row (one update of 32 per 4 env steps), a hard target update every 1,000 updates.
+The loss is each framework's DQN's: Huber's for both RLlib arms (RLlib GorilaDQN's default is
+the squared TD error since 2026-12-07, so it is set here), the squared TD error for Tianshou's
+DQN, Huber's for Tianshou's GorilaDQN (its default).
 Exploration and replay are each algorithm's own: RLlib and Tianshou DQN decay epsilon 1.0 ->
 0.05 over the first 50k env steps, GorilaDQN gives each actor its own Ape-X epsilon; RLlib DQN
 and GorilaDQN replay by priority (alpha 0.6, beta 0.4), Tianshou DQN uniformly (its default).

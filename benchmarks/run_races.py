@@ -129,13 +129,15 @@ QUEUE = (
         "rllib_gorila_vs_dqn.py",
         "lean",
         retention=True,
-        # the class defaults since 2026-12-07 (the Polyak target), the whole run in the replay;
-        # the same at half the learning rate (it kept 96 % in the ablation's 120 s runs)
+        # the Polyak target (a class default since 2026-12-07) with Huber's loss, the whole run
+        # in the replay; the same at half the learning rate (it kept 96 % in the ablation's
+        # 120 s runs)
         arms=(
             "GorilaDQN, Polyak target, whole run",
             "DQN",
             "GorilaDQN, Polyak target, whole run, lr 5e-4",
-            # the squared TD error in place of Huber's: it kept the action gap near a fall
+            # the squared TD error in place of Huber's (the class defaults since 2026-12-07):
+            # it kept the action gap near a fall
             "GorilaDQN, Polyak target, whole run, MSE loss",
         ),
         cap_s=650.0,

@@ -3,7 +3,8 @@
 
 The recipe of the MinAtar race in ``benchmarks/`` (docs: Benchmarks): the MinAtar paper's
 network (16 3x3 filters, 128 units), lr 5e-4, batch 32, 3-step double-DQN targets, a target
-update every 1,000 gradient updates, 8 sampled rows per inserted row held by the rate limiter,
+update every 1,000 gradient updates, Huber's loss (RLlib DQN's; GorilaDQN's default is the
+squared TD error since 2026-12-07), 8 sampled rows per inserted row held by the rate limiter,
 one replay shard of 100k rows whose observations are LZ4-compressed by the env runners. There it
 reached a greedy mean return of 10 in 342-441 s of training on 2 CPU cores (seeds 0-2).
 
@@ -54,6 +55,7 @@ def build_config(args) -> GorilaDQNConfig:
             double_q=True,
             dueling=False,
             target_update_every_n_updates=1_000,
+            td_error_loss_fn="huber",
         )
         .replay(
             num_shards=1,

@@ -45,7 +45,8 @@ def spread_config(*, runners: int = 2, **training):
 
     # Huber's loss, RLlib DQN's, not GorilaDQN's squared TD error: on spread (team returns near
     # -40, no terminal steps) seeds 0-4 reached -35 after 6-12k env steps with Huber's and
-    # 12-54k with the squared error (2026-12-07, the learning test's settings).
+    # 12-54k with the squared error (2026-12-07, the learning test's settings, one set of runs
+    # each; the learning test's own comment quotes an earlier set, 3-9k, with Huber's).
     settings = {
         "updates_per_iteration": 16,
         "env_steps_per_request": 50,
