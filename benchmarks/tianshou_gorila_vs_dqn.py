@@ -271,6 +271,13 @@ ABLATIONS = (
         {"capacity": 400_000, **POLYAK_TARGET, "huber_delta": None},
         "the whole run kept, the Polyak target and the squared TD error as the loss",
     ),
+    # then (2026-12-07, after the Polyak target kept 83 % with the whole run kept, the copy
+    # 95 %, and the Polyak target with the squared error 95 %)
+    (
+        "replay 400k, MSE loss",
+        {"capacity": 400_000, "huber_delta": None},
+        "the whole run kept and the squared TD error as the loss, the target copied every 250",
+    ),
 )
 #: training seconds a run at most, per race: the ablation's GorilaDQN first reached the target
 #: at 17 s in a trial run to 480 s (about 1,170 env steps/s), so its runs go on to 150 s, over
