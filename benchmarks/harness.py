@@ -516,6 +516,7 @@ def plot(race: Race, runs: dict[str, dict[str, list[dict]]], summary: dict, path
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import EngFormatter
 
     fig, axes = plt.subplots(len(runs), 3, figsize=(14, 3.6 * len(runs)), squeeze=False)
     for row, (env, by_arm) in enumerate(runs.items()):
@@ -535,6 +536,8 @@ def plot(race: Race, runs: dict[str, dict[str, list[dict]]], summary: dict, path
             axes[row][2].step(t, share, where="post", label=f"{name} ({sum(hits)}/{len(hits)})")
         axes[row][0].set_xlabel("training seconds")
         axes[row][1].set_xlabel("env steps")
+        # 200k, 1M rather than 200000, 1000000: a long run's steps otherwise overlap
+        axes[row][1].xaxis.set_major_formatter(EngFormatter(sep=""))
         axes[row][2].set_xlabel("training seconds")
         for col in (0, 1):
             axes[row][col].axhline(race.target, color="grey", lw=0.8, ls="--")
