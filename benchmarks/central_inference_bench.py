@@ -51,6 +51,7 @@ TARGET_BATCH_REQUESTS = 4.0  # ... with at least 4 requests per server batch
 def build_config(env: str, runners: int, envs_per_runner: int, mode: str, args):
     from rllib_plugins import GorilaDQNConfig, VTraceConfig
     from rllib_plugins.pixels import pixel_env
+    from rllib_plugins.vtrace import IMPALA_LOSS
 
     if env.startswith("ALE/") or env.startswith("minatar:"):
         env = pixel_env(env)
@@ -69,7 +70,13 @@ def build_config(env: str, runners: int, envs_per_runner: int, mode: str, args):
             .reporting(min_sample_timesteps_per_iteration=256)
         )
     else:
-        config = VTraceConfig().training(lr=5e-4, train_batch_size_per_learner=500)
+        # IMPALA's loss and shared layers, as the recorded figures ran (VTraceConfig's default
+        # since 2026-12-08, 4 passes and a value network of its own, costs the learner more)
+        config = (
+            VTraceConfig()
+            .training(lr=5e-4, train_batch_size_per_learner=500, **IMPALA_LOSS)
+            .rl_module(model_config={"vf_share_layers": True})
+        )
     return (
         config.environment(env)
         .env_runners(

@@ -59,8 +59,12 @@ LAYOUT = {
     "APPO": (1, 16),
     "IMPALA": (2, 8),
 }
+#: env runners x envs per runner ``VTraceConfig`` starts with (IMPALA's 2 runners, VTrace's 8 envs)
+DEFAULTS_LAYOUT = (2, 8)
 #: VTrace local arms run in the retention race only, and what each changes from VTrace local:
-#: ``training()`` settings beyond IMPALA's tuned ones, and ``vf_share_layers``. The clipped
+#: ``training()`` settings beyond IMPALA's tuned ones and IMPALA's loss (``IMPALA_LOSS``, the
+#: loss of every VTrace arm but "VTrace defaults", which ``VTraceConfig`` trained by default
+#: until 2026-12-08), and ``vf_share_layers``. The clipped
 #: surrogate around the behaviour policy kept Tianshou VTrace at 88 % of its tests after the
 #: target; "APPO targets": V-trace's targets for the behaviour policy the clip is around, each
 #: step weighed by pi/mu once (as APPO does); "own value layers": the value head no longer
@@ -80,6 +84,11 @@ VARIANTS = {
     },
 }
 NOTES = {
+    "VTrace defaults": "VTrace as `VTraceConfig()` makes it since 2026-12-08 (nothing set but "
+    "the env and the layout): the PPO form's loss (`clip_param=0.1`, V-trace's targets for the "
+    "behaviour policy, 4 passes, the value head on layers of its own) on IMPALA's lr 5e-4 and "
+    "batch 500, grad clip 40, vf 0.05 and entropy 0.01 (not the tuned 0); central inference "
+    "off without a GPU",
     "VTrace local, PPO form": "VTrace with the runners inferring locally, IMPALA's tuned "
     "CartPole settings but 4 passes over each batch (`num_epochs=4`), PPO's clipped surrogate "
     "around the behaviour policy with V-trace's targets computed for it (`clip_param=0.1, "
@@ -111,10 +120,13 @@ def algorithm_config(algorithm: str):
     from ray.rllib.core.rl_module.default_model_config import DefaultModelConfig
 
     from rllib_plugins import VTraceConfig
+    from rllib_plugins.vtrace import IMPALA_LOSS
 
     shared_value_layers = DefaultModelConfig(vf_share_layers=True)
+    if algorithm == "VTrace defaults":
+        return VTraceConfig()
     if algorithm.startswith("VTrace"):
-        training = dict(VARIANTS.get(algorithm, {}))
+        training = {**IMPALA_LOSS, **VARIANTS.get(algorithm, {})}
         share = training.pop("vf_share_layers", True)
         return (
             VTraceConfig()
@@ -226,6 +238,13 @@ def make_race(
                         name, name, LAYOUT["VTrace local"], eval_every_s, ", VTrace local's layout"
                     )
                     for name in VARIANTS
+                ),
+                _arm(
+                    "VTrace defaults",
+                    "VTrace defaults",
+                    DEFAULTS_LAYOUT,
+                    eval_every_s,
+                    ", `VTraceConfig`'s own layout",
                 ),
             ),
             baseline="IMPALA",

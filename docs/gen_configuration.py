@@ -128,6 +128,15 @@ def changed_defaults(ours: Any, theirs: Any, names: list[str]) -> str:
     lines = ["| setting | here | the framework's |", "|---|---|---|"]
     for name in names:
         lines.append(f"| `{name}` | {show(getattr(ours, name))} | {show(getattr(theirs, name))} |")
+    # the module's settings: RLlib's DefaultModelConfig under each algorithm's auto includes
+    from ray.rllib.core.rl_module.default_model_config import DefaultModelConfig
+
+    base = dataclasses.asdict(DefaultModelConfig())
+    ours_model, theirs_model = base | ours.model_config, base | theirs.model_config
+    for key in sorted(set(ours_model) | set(theirs_model)):
+        if ours_model.get(key) != theirs_model.get(key):
+            here, framework = show(ours_model.get(key)), show(theirs_model.get(key))
+            lines.append(f"| `model_config[{key!r}]` | {here} | {framework} |")
     return "\n".join(lines) + "\n"
 
 

@@ -7,12 +7,13 @@ returns them with their log-probs. The learner computes V-trace targets and send
 the server only. ``--local`` turns central inference off (IMPALA mode: runners infer with their
 own copy of the policy), for comparison.
 
-The learner trains RLlib IMPALA's tuned CartPole settings with the loss that kept the target in
-the retention race (``docs/benchmarks.md``; raced with ``--local``): PPO's clipped surrogate
-around the runners' behaviour policy with V-trace's targets computed for it
-(``clip_param=0.1, targets_for="old"``, APPO's form), 4 passes over each batch and the value
-head on layers of its own. ``--clip-param 0`` trains IMPALA's loss instead (one pass, shared
-layers), whose V-trace weights then correct for the policy lag.
+The learner trains RLlib IMPALA's tuned CartPole settings with ``VTraceConfig``'s default loss,
+the one that kept the target in the retention race (``docs/benchmarks.md``; raced with
+``--local``): PPO's clipped surrogate around the runners' behaviour policy with V-trace's
+targets computed for it (``clip_param=0.1``, APPO's form), 4 passes over each batch and the
+value head on layers of its own. ``--clip-param 0`` trains IMPALA's loss instead
+(``rllib_plugins.vtrace.IMPALA_LOSS``: one pass, shared layers), whose V-trace weights then
+correct for the policy lag.
 
 Tune runs the trial; the progress table shows the server's requests/s, rows per batch, queueing
 latency and the policy lag beside the returns. RLlib's evaluation runner plays the greedy policy
@@ -33,6 +34,7 @@ from ray.rllib.core.rl_module.default_model_config import DefaultModelConfig
 from rllib_script import example_parser, greedy_evaluation, run
 
 from rllib_plugins import VTraceConfig
+from rllib_plugins.vtrace import IMPALA_LOSS
 
 #: RLlib IMPALA's tuned CartPole settings, which the loss's race arms share
 IMPALA_TUNED = {
@@ -71,13 +73,14 @@ def build_config(args) -> VTraceConfig:
     if args.clip_param < 0:
         raise ValueError(f"--clip-param {args.clip_param}: give 0 (IMPALA's loss) or more")
     ppo_form = args.clip_param > 0
-    loss = {"clip_param": args.clip_param, "targets_for": "old", "num_epochs": 4}
+    # VTraceConfig's default loss is the PPO form; --clip-param 0 restores IMPALA's
+    loss = {"clip_param": args.clip_param} if ppo_form else IMPALA_LOSS
     config = (
         VTraceConfig()
         .environment("CartPole-v1")
         .env_runners(num_cpus_per_env_runner=0.2)
         .learners(num_learners=0)
-        .training(**IMPALA_TUNED, **(loss if ppo_form else {}))
+        .training(**IMPALA_TUNED, **loss)
         .rl_module(model_config=DefaultModelConfig(vf_share_layers=not ppo_form))
         .central_inference(
             enabled=not args.local,

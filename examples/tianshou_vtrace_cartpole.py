@@ -3,7 +3,7 @@
 ``--num-actors`` Ray actors each run Tianshou's own ``Collector`` over ``--envs-per-actor`` envs
 with a local copy of the policy and hand fixed-length trajectories (with the behaviour log-probs
 and the weights version that acted) to the learner in this process, which publishes weights
-the actors pull. By default the learner trains APPO's form of the loss around the actors'
+the actors pull. The learner trains ``VTrace``'s default loss, APPO's form around the actors'
 behaviour policy (``--eps-clip 0.1 --clip-around behaviour --targets-for old``): the targets
 are computed for the policy that acted, so no trace is cut, and PPO's clipped ratio pi/mu is
 the correction for policy lag; it kept the target best in the retention race.
@@ -64,11 +64,16 @@ def make_env() -> gym.Env:
 
 
 def make_algorithm(
-    env: gym.Env, *, lr: float, eps_clip: float | None, clip_around: str, targets_for: str
+    env: gym.Env,
+    *,
+    lr: float,
+    eps_clip: float | None,
+    clip_around: str | None,
+    targets_for: str | None,
 ) -> VTrace:
     """A discrete actor (logits) and a critic, each a 64-64 MLP, trained with V-trace and, with
     ``eps_clip``, PPO's clipped surrogate (around ``clip_around``'s policy, the targets computed
-    for ``targets_for``'s)."""
+    for ``targets_for``'s; ``None``: VTrace's defaults, the behaviour policy's with a clip)."""
     policy, critic = mlp_actor_critic(env.observation_space, env.action_space, (64, 64))
     return VTrace(
         policy=policy,
@@ -147,8 +152,8 @@ def main() -> None:
         env,
         lr=args.lr,
         eps_clip=eps_clip,
-        clip_around=(args.clip_around or "behaviour") if eps_clip else "arrival",
-        targets_for=(args.targets_for or "old") if eps_clip else "current",
+        clip_around=args.clip_around,
+        targets_for=args.targets_for,
     )
     env.close()
     collector = test_collector = None

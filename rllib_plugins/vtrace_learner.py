@@ -35,7 +35,7 @@ from ray.rllib.core.learner.training_data import TrainingData
 from ray.rllib.utils.metrics import ALL_MODULES
 from ray.rllib.utils.numpy import convert_to_numpy
 
-from rl_dist_ext.ops.vtrace_loss import vtrace_actor_critic_loss
+from rl_dist_ext.ops.vtrace_loss import resolve_targets_for, vtrace_actor_critic_loss
 from rl_dist_ext.params import VersionedWeights, WeightsVersion
 from rllib_plugins.multi_agent import OptimizeTrainedModulesOnly, trained_module_ids
 
@@ -54,6 +54,7 @@ class VTraceTorchLearner(OptimizeTrainedModulesOnly, IMPALATorchLearner):
     def build(self) -> None:
         super().build()
         self.weights_clock = WeightsVersion()
+        self._steps_this_update = 0  # gradient steps of the update under way (_counted)
         self.updates_skipped = 0
         # Data-parallel learners agree on each update over a process group of their own: IMPALA's
         # learner thread runs DDP's collectives on the default group meanwhile.
@@ -96,21 +97,32 @@ class VTraceTorchLearner(OptimizeTrainedModulesOnly, IMPALATorchLearner):
         the batch and cut rows. ``validate()`` refuses the minibatches and the shuffle this
         leaves out."""
         if training_data.data_iterators:
-            return super()._create_iterator_if_necessary(
-                training_data=training_data,
-                num_epochs=num_epochs,
-                minibatch_size=minibatch_size,
-                shuffle_batch_per_epoch=shuffle_batch_per_epoch,
-                **kwargs,
+            return self._counted(
+                super()._create_iterator_if_necessary(
+                    training_data=training_data,
+                    num_epochs=num_epochs,
+                    minibatch_size=minibatch_size,
+                    shuffle_batch_per_epoch=shuffle_batch_per_epoch,
+                    **kwargs,
+                )
             )
         # one pass: the whole batch (nothing, where no module of it is trained)
         whole = list(super()._create_iterator_if_necessary(training_data=training_data, **kwargs))
         # Learner.update turns the batch's slicing flag off after each pass
-        return (
+        return self._counted(
             self._set_slicing_by_batch_id(batch, value=True)
             for _ in range(num_epochs)
             for batch in whole
         )
+
+    def _counted(self, batches: Iterable) -> Iterable:
+        """``batches`` as ``Learner.update`` takes them, one gradient step each, counted for
+        :meth:`after_gradient_based_update` (which RLlib calls once per update, after them
+        all): versions count gradient steps, as the Tianshou learner's do."""
+        self._steps_this_update = 0
+        for batch in batches:
+            self._steps_this_update += 1
+            yield batch
 
     def _every_learner_has_episodes(self, training_data: TrainingData) -> bool:
         has_episodes = training_data.episodes is None or len(training_data.episodes) > 0
@@ -122,7 +134,8 @@ class VTraceTorchLearner(OptimizeTrainedModulesOnly, IMPALATorchLearner):
 
     def after_gradient_based_update(self, *, timesteps: dict[str, Any]) -> None:
         super().after_gradient_based_update(timesteps=timesteps)
-        self.weights_clock.advance()
+        for _ in range(self._steps_this_update):
+            self.weights_clock.advance()
 
     def versioned_weights(self) -> VersionedWeights:
         """The module's inference weights (numpy; multi-agent: trained module id -> weights)
@@ -189,7 +202,9 @@ class VTraceTorchLearner(OptimizeTrainedModulesOnly, IMPALATorchLearner):
             lambda_=config.vtrace_lambda,
             ratio_clip=config.clip_param,
             old_log_probs=None if config.clip_param is None else behaviour_logp,
-            targets_for=config.targets_for,
+            targets_for=resolve_targets_for(
+                config.targets_for, config.clip_param, clip_name="clip_param"
+            ),
         )
         self.metrics.log_dict(
             {

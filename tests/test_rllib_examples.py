@@ -144,11 +144,15 @@ def test_seed_vtrace_example_trains_the_settings_its_race_arm_measured(examples,
     monkeypatch.syspath_prepend(str(EXAMPLES.parent / "benchmarks"))
     race = importlib.import_module("rllib_vtrace_vs_appo")
 
+    from rl_dist_ext.ops.vtrace_loss import resolve_targets_for
+
     example = examples("rllib_seed_vtrace_cartpole")
     assert example.IMPALA_TUNED == race.IMPALA_TUNED
     arm = dict(race.VARIANTS["VTrace local, PPO form"])
     config = example.build_config(example.parser.parse_args(["--local"]))
     assert config.model_config["vf_share_layers"] == arm.pop("vf_share_layers")
+    # the example leaves targets_for to VTraceConfig's default, which follows the clip
+    assert resolve_targets_for(config.targets_for, config.clip_param) == arm.pop("targets_for")
     for key, value in {**race.IMPALA_TUNED, **arm}.items():
         assert getattr(config, key) == value, key
     impala = example.build_config(example.parser.parse_args(["--clip-param", "0"]))

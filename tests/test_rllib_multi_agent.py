@@ -281,7 +281,10 @@ def vtrace_spread_config(env=SPREAD, *, runners: int = 2):
             {"rollout_fragment_length": 50},
             r"overrides_per_module\['shared'\] = .*rollout fragments of 50 steps, not 25",
         ),
-        ({"targets_for": "old"}, r"overrides_per_module\['shared'\] = .*set clip_param"),
+        (
+            {"clip_param": None, "targets_for": "old"},
+            r"overrides_per_module\['shared'\] = .*set clip_param",
+        ),
         ({"vtrace_lambda": 1.5}, r"overrides_per_module\['shared'\] = .*vtrace_lambda"),
     ],
 )
@@ -299,13 +302,18 @@ def test_a_modules_bad_vtrace_override_is_refused_naming_the_module(overrides, m
 
 def test_a_modules_vtrace_overrides_may_set_what_the_algorithms_settings_lack():
     from rllib_plugins import VTraceConfig
+    from rllib_plugins.vtrace import IMPALA_LOSS
 
     shared = VTraceConfig.overrides(clip_param=0.2, targets_for="old")
-    config = vtrace_spread_config().multi_agent(
-        algorithm_config_overrides_per_module={"shared": shared}
+    config = (
+        vtrace_spread_config()
+        .training(**IMPALA_LOSS)  # the algorithm's loss has no clip, the module's has one
+        .multi_agent(algorithm_config_overrides_per_module={"shared": shared})
     )
     config.validate()
-    assert config.get_config_for_module("shared").clip_param == 0.2
+    module = config.get_config_for_module("shared")
+    assert (module.clip_param, module.targets_for) == (0.2, "old")
+    assert (config.clip_param, config.targets_for) == (None, "current")
 
 
 def test_vtrace_trains_a_shared_module_on_an_aec_env_in_seed_mode(envs):

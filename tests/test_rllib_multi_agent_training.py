@@ -22,6 +22,7 @@ from tiers import learning_seeds
 
 from rl_dist_ext.games import team_return
 from rllib_plugins.pettingzoo import greedy_act
+from rllib_plugins.vtrace import IMPALA_LOSS
 
 TEAM_RETURN = -35.0
 GORILA_SPREAD_BUDGET = 30_000
@@ -90,12 +91,18 @@ def test_vtrace_shared_module_improves_the_spread_team_return(envs, seed, learni
     # 22-74 s; with 2 runners x 4 envs after 10k, 61k, 61k, 61k and 111k (50-150 s in CI).
     config = vtrace_spread_config(runners=1).env_runners(num_envs_per_env_runner=8)
     config = config.debugging(seed=seed)
-    # The value head on layers of its own, at IMPALA's value-loss weight: sharing the policy's
-    # layers (VTraceConfig's default, with weight 0.05 for CartPole), the value error of
-    # spread's large negative returns pulled the policy back to standing still (seed 1 stayed
-    # at -38 to -40 up to 250k env steps); apart, seeds 0-4 reached -35 after 41k to 81k.
+    # IMPALA's loss (one pass; VTraceConfig's default until 2026-12-08, which the figures
+    # above measured) with the value head on layers of its own, at IMPALA's value-loss weight:
+    # sharing the policy's layers (with weight 0.05 for CartPole), the value error of spread's
+    # large negative returns pulled the policy back to standing still (seed 1 stayed at -38 to
+    # -40 up to 250k env steps); apart, seeds 0-4 reached -35 after 41k to 81k.
     config = config.rl_module(model_config={"vf_share_layers": False}).training(
-        train_batch_size_per_learner=400, lr=5e-4, gamma=0.95, entropy_coeff=0.01, vf_loss_coeff=0.5
+        **IMPALA_LOSS,
+        train_batch_size_per_learner=400,
+        lr=5e-4,
+        gamma=0.95,
+        entropy_coeff=0.01,
+        vf_loss_coeff=0.5,
     )
     algorithm = config.build_algo()
     try:

@@ -53,12 +53,13 @@ def loss_settings(
     }
     if vtrace_lambda is not None:
         training["vtrace_lambda"] = vtrace_lambda
-    if clip_param is not None:  # VTrace's own setting (RLlib's IMPALA has none)
+    if hasattr(config, "targets_for"):  # VTrace's own settings (RLlib's IMPALA has none)
         training["clip_param"] = clip_param
-    if targets_for != "current":
         training["targets_for"] = targets_for
     return (
-        config.environment("CartPole-v1")
+        # RLlib IMPALA's module (shared layers) in both: the tests compare them weight for weight
+        config.rl_module(model_config={"vf_share_layers": True})
+        .environment("CartPole-v1")
         .framework("torch")
         .env_runners(rollout_fragment_length=FRAGMENT)
         .training(**training)
@@ -293,6 +294,55 @@ def test_clip_param_bounds_the_policy_term_around_the_behaviour_policy(make_lear
     assert not torch.allclose(loss, plain)
 
 
+@pytest.mark.parametrize(("clip_param", "resolved"), [(0.1, "old"), (None, "current")])
+def test_targets_for_left_unset_follows_the_clip(make_learner, clip_param, resolved):
+    """``targets_for=None`` (the default): V-trace's targets for the behaviour policy with a
+    clip (APPO's form, the default loss), for the learner's without (IMPALA's)."""
+    from rllib_plugins import VTraceConfig
+
+    torch.manual_seed(0)
+    learner = make_learner(
+        loss_settings(VTraceConfig(), vtrace_lambda=0.9, clip_param=clip_param, targets_for=None)
+    )
+    assert learner.config.targets_for is None
+    batch = impala_layout_batch()
+    module = learner.module[DEFAULT_MODULE_ID]
+    expected, _ = reference_loss(
+        module,
+        batch,
+        impala_layout_pieces(),
+        vtrace_lambda=0.9,
+        clip_param=clip_param,
+        targets_for=resolved,
+    )
+    torch.testing.assert_close(learner_loss(learner, batch), expected, rtol=1e-5, atol=1e-6)
+
+
+def test_defaults_are_the_ppo_form_and_impala_loss_restores_impalas():
+    """``VTraceConfig()`` trains the form that kept CartPole's target in the retention race
+    (clip 0.1 around the behaviour policy, 4 passes, the value head on layers of its own);
+    ``IMPALA_LOSS`` with shared layers is IMPALA's, and a user's model config decides the
+    layers."""
+    from ray.rllib.core.rl_module.default_model_config import DefaultModelConfig
+
+    from rllib_plugins import VTraceConfig
+    from rllib_plugins.vtrace import IMPALA_LOSS
+
+    config = VTraceConfig()
+    assert (config.clip_param, config.targets_for, config.num_epochs) == (0.1, None, 4)
+    assert config.model_config["vf_share_layers"] is False
+    own = VTraceConfig().rl_module(model_config={"fcnet_hiddens": [32]}).model_config
+    assert own["vf_share_layers"] is False and own["fcnet_hiddens"] == [32]
+    # a DefaultModelConfig brings its own default (shared layers), as it does for RLlib's PPO
+    dataclass = DefaultModelConfig(fcnet_hiddens=[32])
+    assert VTraceConfig().rl_module(model_config=dataclass).model_config["vf_share_layers"]
+    impala = VTraceConfig().training(**IMPALA_LOSS)
+    impala = impala.rl_module(model_config=DefaultModelConfig(vf_share_layers=True))
+    assert (impala.clip_param, impala.targets_for, impala.num_epochs) == (None, "current", 1)
+    assert impala.model_config["vf_share_layers"] is True
+    impala.environment("CartPole-v1").validate()
+
+
 def updated_weights(
     learner, batch, updates: list[dict], env_steps: int | None = None
 ) -> dict[str, torch.Tensor]:
@@ -318,8 +368,9 @@ def updated_weights(
 
 @pytest.mark.parametrize("env_steps", [None, 22], ids=["rows", "env-steps-without-extra-steps"])
 def test_num_epochs_passes_each_train_on_the_whole_batch_in_its_order(make_learner, env_steps):
-    """``num_epochs=2`` (the PPO form's 4 passes, fewer here) is two updates on the whole batch,
-    its rows in order: the same weights as two single-pass updates, also where the batch counts
+    """``num_epochs=2`` (the default's 4 passes, fewer here) is two updates on the whole batch,
+    its rows in order: the same weights and versions as two single-pass updates, also where the
+    batch counts
     fewer env steps than it has rows (22 of 27: its 5 extra steps left out, as a batch from
     aggregator actors counts them; RLlib's own passes of 22 rows wrap around the batch).
     RLlib shuffles the flat batch's steps between passes when ``shuffle_batch_per_epoch`` is
@@ -341,6 +392,10 @@ def test_num_epochs_passes_each_train_on_the_whole_batch_in_its_order(make_learn
         learners[2], batch, [{"num_epochs": 2, "shuffle_batch_per_epoch": True}], env_steps
     )
     assert any(not torch.allclose(two_passes[n], before[n]) for n in two_passes)  # it trained
+    # versions count gradient steps, not calls: two passes in one update move them by 2
+    for learner in learners:
+        clock = learner.weights_clock
+        assert (clock.num_gradient_updates, clock.version) == (2, 2)
     for name, value in two_passes.items():
         torch.testing.assert_close(value, one_and_one[name], rtol=1e-5, atol=1e-6)
         torch.testing.assert_close(value, shuffled[name], rtol=1e-5, atol=1e-6)
@@ -526,7 +581,10 @@ def test_registered_with_tune_and_rllib():
         (lambda c: c.training(clip_param=0.0), "clip_param"),
         (lambda c: c.training(clip_param=float("nan")), "clip_param"),
         (lambda c: c.training(clip_param=0.2, targets_for="new"), "targets_for must be"),
-        (lambda c: c.training(targets_for="old"), "targets_for='old' .* set clip_param"),
+        (
+            lambda c: c.training(clip_param=None, targets_for="old"),
+            "targets_for='old' .* set clip_param",
+        ),
         (
             lambda c: c.training(num_epochs=2, shuffle_batch_per_epoch=True),
             r"shuffle_batch_per_epoch=True .* num_epochs=2",

@@ -255,9 +255,11 @@ def rllib_vtrace_batch(trajectory) -> dict:
     }
 
 
-def test_one_trajectory_batch_gives_the_same_vtrace_loss_on_both_adapters():
+@pytest.mark.parametrize("loss", ["defaults", "impala"])
+def test_one_trajectory_batch_gives_the_same_vtrace_loss_on_both_adapters(loss):
     """Same networks, same steps (an env truncation, a termination, cuts at the row ends): the
-    RLlib VTrace learner's loss on its own layout equals the Tianshou VTrace algorithm's."""
+    RLlib VTrace learner's loss on its own layout equals the Tianshou VTrace algorithm's, with
+    each adapter's default loss (APPO's form around the behaviour policy) and with IMPALA's."""
     from ray.rllib.core import DEFAULT_MODULE_ID
     from ray.rllib.core.columns import Columns
     from tianshou.algorithm.modelfree.reinforce import ProbabilisticActorPolicy
@@ -267,8 +269,11 @@ def test_one_trajectory_batch_gives_the_same_vtrace_loss_on_both_adapters():
 
     from rl_dist_ext.impala import time_major_batch
     from rllib_plugins import VTraceConfig
+    from rllib_plugins.vtrace import IMPALA_LOSS
     from tianshou_plugins import VTrace
 
+    impala = loss == "impala"
+    rllib_loss, tianshou_loss = (IMPALA_LOSS, {"eps_clip": None}) if impala else ({}, {})
     torch.manual_seed(0)
     config = (
         VTraceConfig()
@@ -290,6 +295,7 @@ def test_one_trajectory_batch_gives_the_same_vtrace_loss_on_both_adapters():
             vtrace_clip_rho_threshold=VT_RHO,
             vtrace_clip_pg_rho_threshold=VT_PG_RHO,
             vtrace_lambda=VT_LAMBDA,
+            **rllib_loss,
         )
         .central_inference(enabled=False)
         .debugging(seed=0)
@@ -326,6 +332,7 @@ def test_one_trajectory_batch_gives_the_same_vtrace_loss_on_both_adapters():
             clip_rho_threshold=VT_RHO,
             clip_pg_rho_threshold=VT_PG_RHO,
             vtrace_lambda=VT_LAMBDA,
+            **tianshou_loss,
         )
         trajectory = vtrace_trajectory()
         batch = rllib_vtrace_batch(trajectory)
@@ -333,7 +340,9 @@ def test_one_trajectory_batch_gives_the_same_vtrace_loss_on_both_adapters():
         r_loss = learner.compute_loss_for_module(
             module_id=DEFAULT_MODULE_ID, config=learner.config, batch=batch, fwd_out=fwd_out
         )
-        t_loss = algorithm.compute_loss(algorithm._tensors(time_major_batch([trajectory])))
+        tensors = algorithm._tensors(time_major_batch([trajectory]))
+        # as an update's gradient step: the clip's ratios to the actors' policy
+        t_loss = algorithm.compute_loss({**tensors, "old_logp": algorithm._old_log_probs(tensors)})
     finally:
         learner.shutdown()
 

@@ -194,11 +194,11 @@ def test_vtrace_params_are_validated():
     with pytest.raises(ValueError, match="clip_around must be 'arrival' or 'behaviour'"):
         VTraceParams(eps_clip=0.1, clip_around="target")
     with pytest.raises(ValueError, match="clip_around='behaviour' needs eps_clip"):
-        VTraceParams(clip_around="behaviour")
+        VTraceParams(eps_clip=None, clip_around="behaviour")
     with pytest.raises(
         ValueError, match="targets_for='old' needs the clipped surrogate: set eps_clip"
     ):
-        VTraceParams(targets_for="old")
+        VTraceParams(eps_clip=None, targets_for="old")
     builder = VTraceExperimentBuilder(
         EnvFactoryRegistered(task="CartPole-v1", venv_type=VectorEnvType.DUMMY)
     )

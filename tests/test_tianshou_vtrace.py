@@ -159,7 +159,8 @@ def test_advantage_normalization_reaches_the_shared_loss():
     from rl_dist_ext.impala import time_major_batch
     from rl_dist_ext.ops.vtrace_loss import vtrace_actor_critic_loss
 
-    plain, normal = make_algo(seed=3), make_algo(seed=3, advantage_normalization=True)
+    plain = make_algo(seed=3, eps_clip=None)  # compute_loss on a batch: no old log-probs
+    normal = make_algo(seed=3, eps_clip=None, advantage_normalization=True)
     batch = plain._tensors(time_major_batch([random_trajectory(4, num_envs=4)]))
     a, b = plain.compute_loss(batch), normal.compute_loss(batch)
     torch.testing.assert_close(a.vf_loss, b.vf_loss)
@@ -227,7 +228,7 @@ def test_eps_clip_bounds_every_pass_around_the_policy_the_batch_arrived_to(targe
     from rl_dist_ext.impala import time_major_batch
     from rl_dist_ext.ops.vtrace_loss import vtrace_actor_critic_loss
 
-    algo = make_algo(seed=5, lr=1e-2, eps_clip=0.1, targets_for=targets_for)
+    algo = make_algo(seed=5, lr=1e-2, eps_clip=0.1, clip_around="arrival", targets_for=targets_for)
     trajectory = random_trajectory(6, num_envs=4)
     arrived = algo._tensors(time_major_batch([trajectory]))
     with torch.no_grad():
@@ -273,6 +274,16 @@ def test_clip_around_behaviour_takes_the_ratios_to_the_actors_log_probs(targets_
         torch.testing.assert_close(loss.vf_loss, expected.vf_loss)
 
 
+def test_default_loss_is_appos_form_around_the_behaviour_policy_and_no_clip_is_impalas():
+    """``VTrace``'s defaults: the clipped surrogate (0.1) around the actors' behaviour policy on
+    V-trace's targets for it, the form that kept CartPole's target; ``eps_clip=None`` leaves
+    ``clip_around`` and ``targets_for`` to follow it, IMPALA's loss."""
+    algo = make_algo()
+    assert (algo.eps_clip, algo.clip_around, algo.targets_for) == (0.1, "behaviour", "old")
+    plain = make_algo(eps_clip=None)
+    assert (plain.eps_clip, plain.clip_around, plain.targets_for) == (None, "arrival", "current")
+
+
 def test_state_dict_round_trips_the_version_and_moves_it_on():
     algo = make_algo()
     buffer = buffer_of([random_trajectory(1)])
@@ -300,10 +311,14 @@ def test_state_dict_round_trips_the_version_and_moves_it_on():
         ({"advantage_normalization": "yes"}, TypeError, "advantage_normalization"),
         ({"eps_clip": 0.0}, ValueError, "eps_clip"),
         ({"clip_around": "target"}, ValueError, "clip_around must be 'arrival' or 'behaviour'"),
-        ({"clip_around": "behaviour"}, ValueError, "clip_around='behaviour' needs eps_clip"),
+        (
+            {"eps_clip": None, "clip_around": "behaviour"},
+            ValueError,
+            "clip_around='behaviour' needs eps_clip",
+        ),
         ({"targets_for": "target"}, ValueError, "targets_for must be 'current' or 'old'"),
         (
-            {"targets_for": "old"},
+            {"eps_clip": None, "targets_for": "old"},
             ValueError,
             "targets_for='old' needs the clipped surrogate: set eps_clip",
         ),

@@ -62,7 +62,7 @@ from tianshou_plugins.buffer import DistributedPrioritizedReplayBuffer
 from tianshou_plugins.central_inference import CentralInference
 from tianshou_plugins.collector import GorilaCollector
 from tianshou_plugins.gorila_dqn import GorilaDQN
-from tianshou_plugins.vtrace import VTrace, check_clip_settings
+from tianshou_plugins.vtrace import DEFAULT_EPS_CLIP, VTrace, resolve_clip_settings
 from tianshou_plugins.vtrace_collector import VTraceCollector, check_trajectories_per_collect
 
 
@@ -193,14 +193,16 @@ class VTraceParams(OnPolicyAlgorithmParams):
         vtrace_lambda: V-trace's lambda (1: the paper's targets).
         advantage_normalization: standardize each gradient step's policy-gradient advantages
             (mean 0, standard deviation 1), as Tianshou's PPO does.
-        eps_clip: PPO's clipped surrogate on the V-trace advantages, ratios to the policy the
-            batch arrived to clipped to ``[1 - eps_clip, 1 + eps_clip]``; ``None``: the plain
-            IMPALA policy gradient.
+        eps_clip: PPO's clipped surrogate on the V-trace advantages, ratios to the
+            ``clip_around`` policy clipped to ``[1 - eps_clip, 1 + eps_clip]`` (default 0.1);
+            ``None``: the plain IMPALA policy gradient.
         clip_around: ``"arrival"`` (the learner's policy as the batch arrived) or
-            ``"behaviour"`` (the actors' that acted): the policy ``eps_clip``'s ratios are to.
+            ``"behaviour"`` (the actors' that acted): the policy ``eps_clip``'s ratios are to;
+            ``None``: ``"behaviour"`` with a clip, ``"arrival"`` without.
         targets_for: ``"current"`` (the learner's policy) or ``"old"`` (the one
             ``clip_around`` names, APPO's form; needs ``eps_clip``): the policy V-trace's
-            targets and advantages are computed for.
+            targets and advantages are computed for; ``None``: ``"old"`` with a clip,
+            ``"current"`` without.
     """
 
     vf_coef: float = 0.5
@@ -210,12 +212,12 @@ class VTraceParams(OnPolicyAlgorithmParams):
     clip_pg_rho_threshold: float | None = 1.0
     vtrace_lambda: float = 1.0
     advantage_normalization: bool = False
-    eps_clip: float | None = None
-    clip_around: str = "arrival"
-    targets_for: str = "current"
+    eps_clip: float | None = DEFAULT_EPS_CLIP
+    clip_around: str | None = None
+    targets_for: str | None = None
 
     def __post_init__(self) -> None:
-        check_clip_settings(self.eps_clip, self.clip_around, self.targets_for)
+        resolve_clip_settings(self.eps_clip, self.clip_around, self.targets_for)
 
 
 @dataclass(frozen=True, kw_only=True)

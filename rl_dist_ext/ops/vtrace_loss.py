@@ -24,8 +24,8 @@ where ``pi_old`` is the policy the step is bounded around (``old_log_probs``). W
 direction ``A_s`` favours, that step adds no more gradient. ``A_s`` keeps V-trace's weight
 ``min(rho_bar_pg, pi/mu)`` for the current ``pi``, so inside the band a step's gradient is
 weighted ``r_s min(rho_bar_pg, pi/mu)``: about ``pi/mu`` when ``pi_old`` is the learner's policy
-as the batch arrived (Tianshou's default), ``(pi/mu) min(1, pi/mu)`` when it is the behaviour
-policy ``mu`` itself.
+as the batch arrived (Tianshou's ``clip_around="arrival"``), ``(pi/mu) min(1, pi/mu)`` when it
+is the behaviour policy ``mu`` itself.
 
 With ``targets_for="old"`` the V-trace targets (``v_s`` and ``A_s``) are computed for ``pi_old``
 instead, as RLlib's APPO computes them for its target network: a step's gradient is weighted
@@ -45,7 +45,13 @@ import torch
 
 from rl_dist_ext.ops.vtrace import vtrace_from_log_probs
 
-__all__ = ["TARGETS_FOR", "VTraceLoss", "check_targets_for", "vtrace_actor_critic_loss"]
+__all__ = [
+    "TARGETS_FOR",
+    "VTraceLoss",
+    "check_targets_for",
+    "resolve_targets_for",
+    "vtrace_actor_critic_loss",
+]
 
 #: the policies V-trace's targets can be computed for: the learner's, or the clip's ``pi_old``
 TARGETS_FOR = ("current", "old")
@@ -74,6 +80,18 @@ def check_targets_for(
             f"targets_for='old' needs the clipped surrogate: set {clip_name} (its pi_old is the "
             f"policy the targets are computed for; {clip_name}=None has no old policy)"
         )
+
+
+def resolve_targets_for(
+    targets_for: object, ratio_clip: float | None, clip_name: str = "ratio_clip"
+) -> str:
+    """``targets_for`` checked (:func:`check_targets_for`), and ``None`` (the adapters' default)
+    resolved by the clip: ``"old"`` with one (APPO's form, the one that kept its target in the
+    retention races), ``"current"`` without (IMPALA's loss)."""
+    if targets_for is None:
+        return "current" if ratio_clip is None else "old"
+    check_targets_for(targets_for, ratio_clip, clip_name)
+    return targets_for
 
 
 def vtrace_actor_critic_loss(
