@@ -104,8 +104,10 @@ NOTES = {
     "settings and PPO's clipped surrogate on the V-trace advantages, ratios pi/mu to the "
     "behaviour policy clipped to [0.8, 1.2] (`clip_param=0.2`)",
     "VTrace central": "VTrace in SEED mode (an inference server of 0.2 CPU batching up to 64 "
-    "rows, 1 ms wait) with IMPALA's tuned CartPole settings",
-    "VTrace local": "VTrace with the runners inferring locally, IMPALA's tuned CartPole settings",
+    "rows, 1 ms wait) with IMPALA's tuned CartPole settings and IMPALA's loss (one pass, shared "
+    "layers; `VTraceConfig`'s default until 2026-12-08)",
+    "VTrace local": "VTrace with the runners inferring locally, IMPALA's tuned CartPole settings "
+    "and IMPALA's loss (one pass, shared layers; `VTraceConfig`'s default until 2026-12-08)",
     "APPO": "RLlib APPO with RLlib's tuned CartPole settings (lr 5e-4, batch 500, 2 passes, "
     "vf 0.05, entropy 0, lambda 0.95)",
     "IMPALA": "RLlib IMPALA with RLlib's tuned CartPole settings (lr 5e-4, batch 500, grad clip "

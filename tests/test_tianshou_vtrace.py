@@ -640,7 +640,7 @@ def test_killed_actor_restarts_and_training_continues(cluster):
     assert not wait_until_not_alive(started)
 
 
-def local_actor(algo, **settings):
+def local_actor(algo, env_factory=make_cartpole, **settings):
     """A VTraceActor (no Ray) on CartPole acting with ``algo``'s policy, whose weights its
     parameter server holds; ``settings`` are the actor's own (envs, steps, index, seed)."""
     from rl_dist_ext.params import ParameterServer
@@ -650,8 +650,50 @@ def local_actor(algo, **settings):
     server = ParameterServer()
     server.publish(cpu_state_dict(algo.policy), 0)
     return VTraceActor(
-        policy=algo.policy, env_factory=make_cartpole, weights_server=server, **settings
+        policy=algo.policy, env_factory=env_factory, weights_server=server, **settings
     )
+
+
+class CountingResets(gym.Wrapper):
+    """CartPole counting the resets of every instance."""
+
+    resets = 0
+
+    def reset(self, **kwargs):
+        CountingResets.resets += 1
+        return super().reset(**kwargs)
+
+
+def seeded_then_reset(seed: int) -> np.ndarray:
+    """CartPole's first observation where Tianshou seeds it: ``venv.seed`` resets the env with
+    the seed, and the collector's reset starts the first episode."""
+    env = gym.make("CartPole-v1")
+    env.reset(seed=seed)
+    return env.reset()[0]
+
+
+def test_an_actor_starts_each_env_as_tianshous_collector_does():
+    """An actor's first observations are its envs' as Tianshou's collector starts them on
+    their seeds: two resets per env (the seed's and the collector's), not a third that would
+    start every first episode elsewhere."""
+    CountingResets.resets = 0
+    actor = local_actor(
+        make_algo(),
+        env_factory=lambda: CountingResets(gym.make("CartPole-v1")),
+        num_envs=3,
+        weight_sync_every_n_steps=10**6,
+        steps_per_env=4,
+        actor_index=1,
+        seed=5,
+    )
+    try:
+        assert CountingResets.resets == 2 * 3
+        base = 5 + 10_000 * 1  # EnvActor's seeds: seed + 10,000 x actor index, one per env
+        firsts = np.stack([seeded_then_reset(base + i) for i in range(3)])
+        columns, _ = actor.sample_rollout()
+        np.testing.assert_array_equal(columns["obs"][0], firsts)
+    finally:
+        actor.envs.close()
 
 
 def test_actors_report_whole_episodes_across_trajectories():

@@ -93,7 +93,7 @@ class EnvActor:
             self.envs.seed([base + i for i in range(num_envs)])
         self._buffer = VectorReplayBuffer(num_envs * steps_per_env, num_envs)
         self._collector = Collector(self.policy, self.envs, self._buffer, exploration_noise=True)
-        self._collector.reset()
+        self._obs = self._collector.reset()[0]  # each env's current observation
         # Each env's episode so far (episodes span rollouts; Tianshou's own episode lengths
         # count only what the rollout buffer still holds).
         self._episode_return = np.zeros(num_envs)
@@ -107,7 +107,8 @@ class EnvActor:
         """Start new episodes in every env; return their first observations and infos."""
         self._episode_return[:] = 0.0
         self._episode_len[:] = 0
-        return self._collector.reset_env()
+        self._obs, info = self._collector.reset_env()
+        return self._obs, info
 
     def collect_rollout(self) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
         """Step every env ``steps_per_env`` times (the policy in its training mode): the steps
@@ -483,15 +484,10 @@ class VTraceActor(EnvActor):
             name=f"actor {actor_index}",
         )
         self._step.pull_weights(functools.partial(load_cpu_state_dict, self.policy))
-        self._obs = self.reset_envs()[0]  # each env's current observation
 
     @property
     def weights_version(self) -> int:
         return self._step.weights_version
-
-    def reset_envs(self) -> tuple[np.ndarray, np.ndarray]:
-        self._obs, info = super().reset_envs()
-        return self._obs, info
 
     def collect_rollout(self) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
         """:meth:`sample_rollout` with the local policy; the ``Collector``'s in SEED mode."""
