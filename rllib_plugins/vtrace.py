@@ -118,11 +118,10 @@ class VTraceConfig(CentralInferenceSettingsMixin, IMPALAConfig):
         # The loss: APPO's form around the runners' behaviour policy (PPO's clipped surrogate,
         # ratios pi/mu clipped to [0.9, 1.1], on V-trace's targets for mu: lambda-returns),
         # 4 passes over each batch and the value head on layers of its own
-        # (_model_config_auto_includes, as RLlib's PPO and APPO have it). IMPALA's loss (one
-        # pass, shared layers) forgot CartPole's target in the retention race (47 % of the
-        # greedy screens after it kept, over 10 seeds) where this form kept 96 %, reaching it
-        # in a third of the time (docs/benchmarks.md). IMPALA_LOSS and vf_share_layers=True
-        # train IMPALA's loss.
+        # (_model_config_auto_includes, as RLlib's PPO and APPO have it). In CartPole's
+        # retention race (docs/benchmarks.md, 10 seeds) these defaults kept 97 % of the greedy
+        # screens after the target and reached it in 0.49x RLlib IMPALA's time; IMPALA's loss
+        # (one pass, shared layers) kept 47 %. IMPALA_LOSS and vf_share_layers=True train it.
         self.clip_param = 0.1
         self.targets_for = None  # follows clip_param: "old" with a clip, "current" without
         self.num_epochs = 4
