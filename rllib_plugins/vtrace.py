@@ -67,8 +67,9 @@ HEALTH_KEY = "vtrace"
 NO_RUNNER_WAIT_S = 0.5
 #: ``training()`` settings of IMPALA's own loss, which ``VTraceConfig``'s defaults replaced: the
 #: plain policy gradient on V-trace's targets for the learner's policy, one pass over each
-#: batch; with ``DefaultModelConfig(vf_share_layers=True)``, the paper's shared layers. (A clip
-#: set on top of it keeps the learner's targets: ``targets_for="current"``.)
+#: batch; without a clip the value head shares the policy's layers too, unless ``model_config``
+#: sets ``vf_share_layers``. (A clip set on top of it keeps the learner's targets:
+#: ``targets_for="current"``.)
 IMPALA_LOSS = MappingProxyType({"clip_param": None, "targets_for": "current", "num_epochs": 1})
 
 
@@ -118,10 +119,10 @@ class VTraceConfig(CentralInferenceSettingsMixin, IMPALAConfig):
         # The loss: APPO's form around the runners' behaviour policy (PPO's clipped surrogate,
         # ratios pi/mu clipped to [0.9, 1.1], on V-trace's targets for mu: lambda-returns),
         # 4 passes over each batch and the value head on layers of its own
-        # (_model_config_auto_includes, as RLlib's PPO and APPO have it). In CartPole's
-        # retention race (docs/benchmarks.md, 10 seeds) these defaults kept 97 % of the greedy
-        # screens after the target and reached it in 0.49x RLlib IMPALA's time; IMPALA's loss
-        # (one pass, shared layers) kept 47 %. IMPALA_LOSS and vf_share_layers=True train it.
+        # (_model_config_auto_includes: with the clip, as RLlib's PPO and APPO have it). In
+        # CartPole's retention race (docs/benchmarks.md, 10 seeds) these defaults kept 97 % of
+        # the greedy screens after the target and reached it in 0.49x RLlib IMPALA's time;
+        # IMPALA's loss (one pass, shared layers) kept 47 %. IMPALA_LOSS trains it.
         self.clip_param = 0.1
         self.targets_for = None  # follows clip_param: "old" with a clip, "current" without
         self.num_epochs = 4
@@ -148,7 +149,10 @@ class VTraceConfig(CentralInferenceSettingsMixin, IMPALAConfig):
 
     @property
     def _model_config_auto_includes(self) -> dict[str, Any]:
-        return super()._model_config_auto_includes | {"vf_share_layers": False}
+        # The value head on layers of its own under the clipped surrogate (as RLlib's PPO and
+        # APPO), on the policy's under IMPALA's loss (clip_param=None, as RLlib's IMPALA; and
+        # as VTrace checkpoints from before 2026-12-08 hold it, so they restore as they were)
+        return super()._model_config_auto_includes | {"vf_share_layers": self.clip_param is None}
 
     def get_default_rl_module_spec(self):
         """IMPALA's actor-critic module, taking uint8 pixels (floats from its encoder on) and the

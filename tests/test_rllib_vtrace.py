@@ -321,7 +321,7 @@ def test_targets_for_left_unset_follows_the_clip(make_learner, clip_param, resol
 def test_defaults_are_the_ppo_form_and_impala_loss_restores_impalas():
     """``VTraceConfig()`` trains the form that kept CartPole's target in the retention race
     (clip 0.1 around the behaviour policy, 4 passes, the value head on layers of its own);
-    ``IMPALA_LOSS`` with shared layers is IMPALA's, and a user's model config decides the
+    ``IMPALA_LOSS`` is IMPALA's, shared layers included, and a user's model config decides the
     layers."""
     from ray.rllib.core.rl_module.default_model_config import DefaultModelConfig
 
@@ -336,11 +336,14 @@ def test_defaults_are_the_ppo_form_and_impala_loss_restores_impalas():
     # a DefaultModelConfig brings its own default (shared layers), as it does for RLlib's PPO
     dataclass = DefaultModelConfig(fcnet_hiddens=[32])
     assert VTraceConfig().rl_module(model_config=dataclass).model_config["vf_share_layers"]
+    # IMPALA's loss shares the layers too (as VTrace checkpoints from before the change hold
+    # them), unless the model config says otherwise
     impala = VTraceConfig().training(**IMPALA_LOSS)
-    impala = impala.rl_module(model_config=DefaultModelConfig(vf_share_layers=True))
     assert (impala.clip_param, impala.targets_for, impala.num_epochs) == (None, "current", 1)
     assert impala.model_config["vf_share_layers"] is True
     impala.environment("CartPole-v1").validate()
+    apart = impala.rl_module(model_config={"vf_share_layers": False}).model_config
+    assert apart["vf_share_layers"] is False
 
 
 def updated_weights(

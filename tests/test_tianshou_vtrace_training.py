@@ -12,8 +12,10 @@ from tianshou.data import Collector
 from tianshou.env import DummyVectorEnv
 from tiers import learning_seeds
 
-# Measured (example settings, 5k-step epochs): a greedy test first passed 150 at ~20-30k env
-# steps (seeds 0-2) and 450 at 51-123k.
+# Measured (VTrace's default loss since 2026-12-08, one pass of 512 env steps per update, 5k-step
+# epochs): a greedy test first passed 150 at 10k, 30k and 20k env steps (seeds 0-2) acting
+# locally, 25k, 20k and 25k in SEED mode. (With IMPALA's loss before it: ~20-30k, and 450 at
+# 51-123k.)
 BUDGET_ENV_STEPS = 60_000
 EPOCH_ENV_STEPS = 5_000
 TARGET_RETURN = 150.0
