@@ -26,7 +26,6 @@ from __future__ import annotations
 import logging
 import math
 import time
-from types import MappingProxyType
 from typing import Any
 
 import gymnasium as gym
@@ -70,7 +69,7 @@ NO_RUNNER_WAIT_S = 0.5
 #: batch; without a clip the value head shares the policy's layers too, unless ``model_config``
 #: sets ``vf_share_layers``. (A clip set on top of it keeps the learner's targets:
 #: ``targets_for="current"``.)
-IMPALA_LOSS = MappingProxyType({"clip_param": None, "targets_for": "current", "num_epochs": 1})
+IMPALA_LOSS = {"clip_param": None, "targets_for": "current", "num_epochs": 1}
 
 
 class _VTraceServerActing(CentralInferenceRunnerMixin):
